@@ -1,0 +1,300 @@
+"""`opkit` command line: build, list, show, validate, clean, bench. It only calls the stages."""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from . import __version__
+from .errors import BuildError, SpecError
+
+
+class Progress:
+    """One status line per operator; redrawn in place on a terminal, one line per event elsewhere."""
+
+    def __init__(self, total: int, stream=None, quiet: bool = False):
+        self.total, self.done = total, 0
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() and not quiet
+        self.quiet = quiet
+        self.lock = threading.Lock()
+        self.active = {}
+        self.t0 = time.perf_counter()
+
+    def _draw(self) -> None:
+        now = ", ".join(f"{n} ({s})" for n, s in self.active.items()) or "finishing"
+        width = 30
+        filled = int(width * self.done / max(self.total, 1))
+        line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} " \
+               f"{time.perf_counter() - self.t0:5.1f}s  {now}"
+        self.stream.write("\r\033[K" + line[:160])
+        self.stream.flush()
+
+    def stage(self, name: str, what: str) -> None:
+        with self.lock:
+            self.active[name] = what
+            if self.tty:
+                self._draw()
+            elif not self.quiet:
+                self.stream.write(f"  {name}: {what}\n")
+                self.stream.flush()
+
+    def finish(self, name: str, status: str) -> None:
+        with self.lock:
+            self.active.pop(name, None)
+            self.done += 1
+            if self.tty:
+                self.stream.write("\r\033[K")
+                self._draw()
+            elif not self.quiet:
+                self.stream.write(f"  {name}: {status} [{self.done}/{self.total}]\n")
+                self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _table(rows: List[List[str]], header: List[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def _select(names: List[str]):
+    import opkit
+    return [opkit.get(n) for n in names] if names else [opkit.get(n) for n in opkit.list_ops()]
+
+
+def _targets(paths: List[str]) -> List[str]:
+    """Operator names from folders/files given on the command line (loaded first)."""
+    import opkit
+    names: List[str] = []
+    for p in paths:
+        for n in opkit.load(p):
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _validated(op, result, revalidate: bool):
+    """The validation report of a build, from the cache entry when it is there."""
+    from .build.cache import write_json_atomic
+    from .validate import validate_op
+    path = result.entry / "validation.json"
+    if not revalidate and path.is_file():
+        try:
+            return json.loads(path.read_text()), True
+        except ValueError:
+            pass
+    report = validate_op(op).to_dict()
+    write_json_atomic(path, report)
+    return report, False
+
+
+def cmd_build(args) -> int:
+    import opkit
+    if args.isa:
+        os.environ["OPKIT_ISA"] = args.isa
+    names = _targets(args.paths) if args.paths else opkit.list_ops()
+    ops = [opkit.get(n) for n in names]
+    progress = Progress(len(ops), quiet=args.quiet)
+    rows, failures = [], []
+    t0 = time.perf_counter()
+
+    def one(op):
+        start = time.perf_counter()
+        progress.stage(op.name, "generating + compiling")
+        result = op.build(force=args.force)
+        op.module()
+        validation, cached_report = None, False
+        if not args.no_validate:
+            progress.stage(op.name, "validating")
+            validation, cached_report = _validated(op, result, args.force or args.revalidate)
+        status = "cached" if result.cached else f"compiled in {result.seconds:.1f}s"
+        progress.finish(op.name, status)
+        return op, result, validation, time.perf_counter() - start
+
+    jobs = args.jobs or os.cpu_count() or 1
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        futures = {pool.submit(one, op): op for op in ops}
+        for fut in concurrent.futures.as_completed(futures):
+            op = futures[fut]
+            try:
+                op, result, validation, seconds = fut.result()
+            except (BuildError, SpecError, OSError) as exc:
+                progress.finish(op.name, "FAILED")
+                failures.append((op.name, str(exc)))
+                rows.append([op.name, ", ".join(op.spec.dtypes), "-", "-", "FAILED"])
+                continue
+            vtext = "skipped" if validation is None else validation["summary"]
+            if validation is not None and not validation["ok"]:
+                failures.append((op.name, f"validation: {validation['summary']}"))
+            rows.append([op.name, ", ".join(op.spec.dtypes),
+                         "hit" if result.cached else f"miss ({result.seconds:.1f}s)",
+                         f"{seconds:.2f}s", vtext])
+    progress.close()
+    rows.sort(key=lambda r: r[0])
+    print(_table(rows, ["operator", "dtypes", "cache", "time", "validation"]))
+    print(f"{len(ops)} operator(s) in {time.perf_counter() - t0:.1f}s; cache {_cache_root()}")
+    if failures:
+        for name, text in failures:
+            print(f"\n{name}: {text}", file=sys.stderr)
+        print(f"opkit build: {len(failures)} of {len(ops)} operator(s) failed ({failures[0][0]})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cache_root():
+    from .build import cache_root
+    return cache_root()
+
+
+def cmd_list(args) -> int:
+    import opkit
+    rows = []
+    for op in _select([]):
+        s = op.spec
+        ins = ", ".join(s.input_names)
+        attrs = ", ".join(f"{a.name}={a.default!r}" if not a.required else a.name for a in s.attrs)
+        rows.append([s.name, ins, attrs or "-", ",".join(d.replace("float", "f") for d in s.dtypes),
+                     ",".join(s.layouts), s.summary])
+    print(_table(rows, ["operator", "inputs", "attrs", "dtypes", "layouts", "summary"]))
+    return 0
+
+
+def cmd_show(args) -> int:
+    import opkit
+    from .lower import cost, display, listing
+    op = opkit.get(args.name)
+    s = op.spec
+    out = [f"# {s.name}: {s.summary}", f"# declared in {s.file}", "", "## declaration", "",
+           s.source.rstrip(), "", "## forward", "", op.graphs.forward.format()]
+    if op.graphs.differentiable:
+        how = "declared (checked against the derivation)" if op.graphs.declared else "derived"
+        out += ["", f"## backward, {how}", "", op.graphs.backward.format()]
+        if op.graphs.declared:
+            out += ["", "derived for comparison:", op.graphs.derived.format()]
+    lowered = op.lowered()
+    built = None
+    try:
+        built = op.build() if args.build else None
+    except BuildError as exc:
+        out += ["", f"(build failed: {exc})"]
+    vec = (built.meta.get("vectorization", {}) if built else {})
+    out += ["", "## kernels and schedule"]
+    from .codegen import COMPUTE
+    for plan in (lowered.forward, lowered.backward):
+        if plan is None:
+            continue
+        for step in plan.steps:
+            if not hasattr(step, "body"):
+                out += ["", f"{step.name}: library call {step.prim}({', '.join(display(a) for a in step.args)})"
+                        f" -> {display(step.result)}"]
+                continue
+            k = step
+            out += ["", f"kernel {k.name} ({plan.kind}): reads {', '.join(display(v) for v in k.inputs) or '-'}; "
+                    f"writes {', '.join(display(v) for v in k.outputs)}"]
+            sch = k.schedule
+            out.append(f"  schedule: tile {sch.tile}, one thread below {sch.parallel_threshold} elements, "
+                       f"{sch.vector_bytes}-byte vectors ({sch.isa})")
+            for ct in COMPUTE.values():
+                info = vec.get(f"{k.name}_{ct.tag}")
+                if info is not None:
+                    state = (f"vectorized, {info['bytes']}-byte vectors" if info["vectorized"]
+                             else "NOT vectorized" + (f": {info['notes'][0]}" if info["notes"] else ""))
+                    out.append(f"  element loop on {ct.type}: {state} (compiler report)")
+            for dt in s.dtypes:
+                out.append(f"  {dt}: {cost(k, dt)}")
+                out += [f"    {line}" for line in listing(k, dt)]
+    out += ["", "## generated source", ""]
+    if built:
+        out.append(f"# {built.source_path}")
+        out.append(built.source_path.read_text())
+    else:
+        out.append(op.source())
+    print("\n".join(out))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from .validate import validate_op
+    ok = True
+    for op in _select(args.names):
+        op.build()
+        report = validate_op(op)
+        print(report.format())
+        ok &= report.ok
+    if not ok:
+        print("opkit validate: some kernels disagree with the reference (see FAIL above)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def cmd_clean(args) -> int:
+    from .build import clean
+    n = clean(stale_only=args.stale)
+    print(f"removed {n} cache entr{'y' if n == 1 else 'ies'} from {_cache_root()}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="opkit", description="Operator development kit: "
+                                     "YAML declarations → validated, compiled kernels.")
+    parser.add_argument("--version", action="version", version=f"opkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    b = sub.add_parser("build", help="generate, compile and validate operators")
+    b.add_argument("paths", nargs="*", help="operator folders or files (default: every registered operator)")
+    b.add_argument("--force", action="store_true", help="rebuild and revalidate even when cached")
+    b.add_argument("--revalidate", action="store_true", help="run validation even when a cached report exists")
+    b.add_argument("--no-validate", action="store_true", help="compile only")
+    b.add_argument("-j", "--jobs", type=int, default=0, help="parallel builds (default: all cores)")
+    b.add_argument("--isa", choices=["native", "portable"], help="instruction set to compile for")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    b.set_defaults(func=cmd_build)
+    sub.add_parser("list", help="list registered operators").set_defaults(func=cmd_list)
+    s = sub.add_parser("show", help="declaration, derived backward, schedule and generated source")
+    s.add_argument("name")
+    s.add_argument("--no-build", dest="build", action="store_false",
+                   help="do not compile (no vectorization report)")
+    s.set_defaults(func=cmd_show)
+    v = sub.add_parser("validate", help="check compiled kernels against the NumPy reference")
+    v.add_argument("names", nargs="*")
+    v.set_defaults(func=cmd_validate)
+    c = sub.add_parser("clean", help="remove the build cache")
+    c.add_argument("--stale", action="store_true", help="only leftovers of interrupted builds")
+    c.set_defaults(func=cmd_clean)
+    try:
+        from .bench import add_parser as add_bench
+        add_bench(sub)
+    except ImportError:
+        pass
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except (SpecError, BuildError, KeyError, FileNotFoundError, ValueError, TypeError) as exc:
+        if os.environ.get("OPKIT_DEBUG"):
+            raise
+        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        lines = str(text).splitlines() or [type(exc).__name__]
+        print(f"opkit {args.command}: error: {lines[0]}", file=sys.stderr)
+        for line in lines[1:]:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"opkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

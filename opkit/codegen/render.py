@@ -1,0 +1,164 @@
+"""Kernel plans → Cython source, rendered from templates/module.pyx.j2.
+
+No text from a declaration reaches the source except identifiers that passed the spec checks and
+numbers re-rendered from parsed values; file names are reduced to printable characters and
+expressions are re-printed from the graph, never copied.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List
+
+import jinja2
+
+from .. import __version__
+from .._paths import templates_dir
+from ..dsl.graph import OpGraphs
+from ..dsl.primitives import PRIMITIVES
+from ..lower import Kernel, Lowered, compute_dtype, cost, display, listing
+from ..spec.model import OpSpec
+from ..target import Target
+
+
+@dataclass(frozen=True)
+class ComputeType:
+    tag: str        # suffix of generated functions
+    type: str       # C type
+    ptr: str
+    cptr: str
+    code: str       # storage code of this type (opkit_kernel.h)
+    libm: str       # libm suffix: expf vs exp
+
+
+COMPUTE = {
+    "float32": ComputeType("f", "float", "opk_fp", "opk_cfp", "OPK_F32", "f"),
+    "float64": ComputeType("d", "double", "opk_dp", "opk_cdp", "OPK_F64", ""),
+}
+DTYPE_CODES = {"float16": 1, "float32": 2, "float64": 3}
+
+
+def instance_tag(dtype: str) -> str:
+    return COMPUTE[compute_dtype(dtype)].tag
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() and c not in "\"'\\" else "?" for c in text)
+
+
+def _constant(value, ct: ComputeType) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if value != value:
+        return f"(<{ct.type}>NAN)"
+    if value in (float("inf"), float("-inf")):
+        return f"(<{ct.type}>{'-' if value < 0 else ''}INFINITY)"
+    text = repr(float(value))
+    assert re.fullmatch(r"-?[0-9.e+-]+", text), text  # a number and nothing else
+    return f"(<{ct.type}>{text})"
+
+
+def _operand(arg: str, ct: ComputeType) -> str:
+    if arg.startswith("@"):
+        return "a_" + arg[1:]
+    if arg.startswith("#"):
+        text = arg[1:]
+        return _constant(True if text == "True" else False if text == "False" else float(text), ct)
+    return arg
+
+
+def body_lines(kernel: Kernel, ct: ComputeType, file_name: str) -> List[str]:
+    lines = []
+    for ins in kernel.body:
+        if ins.op == "load":
+            lines.append(f"{ins.dst} = p{ins.args[0]}[j]")
+            continue
+        args = [_operand(a, ct) for a in ins.args]
+        expr = PRIMITIVES[ins.op].cython.format(*args, f=ct.libm)
+        where = f"  # {file_name}:{ins.loc.line}" if ins.loc else ""
+        lines.append(f"{ins.dst} = {expr}{where}")
+    for i, res in enumerate(kernel.results):
+        lines.append(f"q{i}[j] = {_operand(res, ct)}")
+    return lines
+
+
+def _schedule_text(kernel: Kernel) -> str:
+    s = kernel.schedule
+    threads = f"up to {s.max_threads}" if s.max_threads else "all"
+    return (f"tile {s.tile} elements; 1 thread below {s.parallel_threshold} elements, {threads} "
+            f"threads above (static split of the flat range); {s.vector_bytes}-byte vectors "
+            f"({s.lanes(4)} x float32, {s.lanes(8)} x float64); isa {s.isa}")
+
+
+def _passes(graphs: OpGraphs) -> List[str]:
+    out = ["forward:"] + ["  " + line for line in graphs.forward.format().splitlines()]
+    if graphs.differentiable:
+        how = "declared, checked against the derivation" if graphs.declared else "derived"
+        out += [f"backward ({how}):"]
+        out += ["  " + line for line in graphs.backward.format().splitlines()]
+    return out
+
+
+def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str) -> Dict:
+    instances = []
+    for dt in spec.dtypes:
+        ct = COMPUTE[compute_dtype(dt)]
+        if ct not in instances:
+            instances.append(ct)
+    floats = [i.dst for i in kernel.body if i.kind == "float"]
+    bools = [i.dst for i in kernel.body if i.kind == "bool"]
+    return {
+        "name": kernel.name,
+        "role": role,
+        "lines": sorted({loc.line for loc in kernel.locs}),
+        "reads": [display(v) for v in kernel.inputs],
+        "writes": [display(v) for v in kernel.outputs],
+        "schedule": _schedule_text(kernel),
+        "dtypes": [{"name": dt, "cost": str(cost(kernel, dt)), "listing": listing(kernel, dt)}
+                   for dt in spec.dtypes],
+        "instances": instances,
+        "attrs": [spec.attr(a) for a in kernel.attrs],
+        "n_in": len(kernel.inputs),
+        "n_out": len(kernel.outputs),
+        "n_ops": len(kernel.operands),
+        "tile": kernel.schedule.tile,
+        "float_vars": floats,
+        "bool_vars": bools,
+        "body": {ct.tag: body_lines(kernel, ct, file_name) for ct in instances},
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              autoescape=False)
+
+
+def template_digest() -> str:
+    """sha256 over every template file: part of the build cache key."""
+    h = hashlib.sha256()
+    for p in sorted(templates_dir().iterdir()):
+        if p.is_file() and p.suffix in (".j2", ".h"):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target) -> str:
+    """The Cython source of the operator's kernel module."""
+    file_name = _printable(os.path.basename(spec.file))
+    kernels = []
+    for plan in (lowered.forward, lowered.backward):
+        if plan is None:
+            continue
+        for k in plan.kernels:
+            role = f"{plan.kind}, writes {', '.join(display(v) for v in k.outputs)}"
+            kernels.append(kernel_context(k, role, spec, file_name))
+    op = {"name": spec.name, "file": _printable(spec.file), "file_name": file_name,
+          "dtypes": spec.dtypes, "passes": _passes(graphs)}
+    return _environment().get_template("module.pyx.j2").render(
+        version=__version__, op=op, target=_printable(target.describe()), kernels=kernels)

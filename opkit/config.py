@@ -1,0 +1,93 @@
+"""Process-wide settings, a context manager that overrides them, and per-call keywords on top."""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import difflib
+import os
+from typing import Any, Dict, Iterator
+
+
+def _default_threads() -> int:
+    env = os.environ.get("OPKIT_NUM_THREADS")
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"OPKIT_NUM_THREADS must be a positive integer, got {env!r}") from None
+        if n >= 1:
+            return n
+        raise ValueError(f"OPKIT_NUM_THREADS must be a positive integer, got {env!r}")
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _check_threads(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"num_threads must be a positive integer, got {v!r}")
+    return v
+
+
+# name -> (default factory, checker)
+_SETTINGS = {
+    "num_threads": (_default_threads, _check_threads),
+}
+_global: Dict[str, Any] = {}
+_context: contextvars.ContextVar = contextvars.ContextVar("opkit_config", default={})
+
+
+def register_setting(name: str, default, check) -> None:
+    """Add a setting (used by features that bring their own configuration)."""
+    _SETTINGS[name] = (default, check)
+
+
+def _validate(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    out = {}
+    for key, value in kwargs.items():
+        if key not in _SETTINGS:
+            close = difflib.get_close_matches(key, list(_SETTINGS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown opkit setting {key!r}{hint}; the settings are: "
+                             f"{', '.join(sorted(_SETTINGS))}")
+        out[key] = _SETTINGS[key][1](value)
+    return out
+
+
+def configure(settings: Dict[str, Any] = None, **kwargs) -> None:
+    """Change settings for the whole process: configure(num_threads=1) or configure({...})."""
+    merged = dict(settings or {})
+    merged.update(kwargs)
+    _global.update(_validate(merged))
+
+
+@contextlib.contextmanager
+def config(settings: Dict[str, Any] = None, **kwargs) -> Iterator[None]:
+    """Override settings inside a `with` block (this thread / task only)."""
+    merged = dict(settings or {})
+    merged.update(kwargs)
+    token = _context.set({**_context.get(), **_validate(merged)})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def get(name: str) -> Any:
+    ctx = _context.get()
+    if name in ctx:
+        return ctx[name]
+    if name not in _global:
+        _global[name] = _SETTINGS[name][0]()
+    return _global[name]
+
+
+def current() -> Dict[str, Any]:
+    """Every setting's effective value here and now."""
+    return {name: get(name) for name in sorted(_SETTINGS)}
+
+
+def reset() -> None:
+    """Back to the defaults (environment variables are read again)."""
+    _global.clear()

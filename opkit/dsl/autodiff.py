@@ -1,0 +1,34 @@
+"""Reverse-mode derivation of a backward graph from the primitives' derivative rules."""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+from .ir import Node, const, topo_order
+from .library import LIBRARY, sum_to
+from .primitives import PRIMITIVES, add
+
+
+def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]:
+    """Cotangents of `wrt` given (output node, cotangent node) pairs.
+
+    Each result is reduced to its input's shape (`sum_to`), so the gradient of a broadcast input
+    comes back in the input's own shape; an input nothing depends on gets zeros.
+    """
+    ct: Dict[int, Node] = {}
+    for out, g in outputs:
+        ct[id(out)] = add(ct[id(out)], g) if id(out) in ct else g
+    for node in reversed(topo_order([o for o, _ in outputs])):
+        g = ct.get(id(node))
+        if g is None or node.op in ("input", "attr", "const"):
+            continue
+        if node.op in PRIMITIVES:
+            rule = PRIMITIVES[node.op].vjp
+        else:
+            rule = LIBRARY[node.op].vjp
+        if rule is None:
+            continue  # a true/false value: no gradient flows through comparisons
+        for arg, g_arg in zip(node.args, rule(g, node, *node.args)):
+            if g_arg is None or arg.kind != "float" or arg.op in ("attr", "const"):
+                continue
+            ct[id(arg)] = add(ct[id(arg)], g_arg) if id(arg) in ct else g_arg
+    return [sum_to(ct.get(id(x), const(0.0)), x) for x in wrt]

@@ -1,0 +1,178 @@
+"""OpSpec → forward and backward graphs, with names resolved and kinds and dims checked."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from ..errors import SpecError
+from ..spec.model import LAYOUT_DIMS, OpSpec
+from .autodiff import vjp
+from .ir import Node, format_expr, topo_order
+from .library import LIBRARY, sum_to
+from .parse import FUNCTION_NAMES, Source, parse_expr
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A pass of an operator: named outputs computed from array inputs and attrs."""
+
+    kind: str                                 # "forward" or "backward"
+    inputs: Tuple[str, ...]                   # array arguments, in call order
+    attrs: Tuple[str, ...]
+    outputs: Tuple[Tuple[str, Node], ...]
+    input_nodes: Tuple[Node, ...]
+
+    @property
+    def output_nodes(self) -> Tuple[Node, ...]:
+        return tuple(n for _, n in self.outputs)
+
+    def nodes(self):
+        return topo_order(self.output_nodes)
+
+    def format(self) -> str:
+        """Readable text: shared subexpressions get names t0, t1 ..."""
+        uses: Dict[int, int] = {}
+        for n in self.nodes():
+            for a in n.args:
+                uses[id(a)] = uses.get(id(a), 0) + 1
+        names: Dict[int, str] = {}
+        lines = []
+        for n in self.nodes():
+            if uses.get(id(n), 0) > 1 and n.args and n.op not in ("input", "attr", "const"):
+                text = format_expr(n, names)
+                names[id(n)] = f"t{len(names)}"
+                lines.append(f"{names[id(n)]} = {text}")
+        prefix = "d" if self.kind == "backward" else ""
+        for name, n in self.outputs:
+            lines.append(f"{prefix}{name} = {format_expr(n, names)}")
+        return "\n".join(lines)
+
+    @property
+    def digest(self) -> str:
+        import hashlib
+        h = hashlib.sha256(repr((self.kind, self.inputs, self.attrs)).encode())
+        for name, n in self.outputs:
+            h.update(name.encode() + n.digest.encode())
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class OpGraphs:
+    forward: Graph
+    backward: Graph               # the declared backward if given, else the derived one
+    derived: Graph                # always the derivation from the forward graph
+    declared: bool
+    differentiable: Tuple[str, ...]
+
+
+def input_dims(spec: OpSpec, name: str):
+    i = spec.input(name)
+    if i.shape is not None:
+        return i.shape
+    if i.layouts_declared and all(layout in LAYOUT_DIMS for layout in i.layouts):
+        return LAYOUT_DIMS[i.layouts[0]]
+    return None
+
+
+def _scope(spec: OpSpec) -> Dict[str, Node]:
+    scope: Dict[str, Node] = {}
+    for i in spec.inputs:
+        scope[i.name] = Node("input", (), (i.name,), "float", input_dims(spec, i.name), i.loc)
+    for a in spec.attrs:
+        scope[a.name] = Node("attr", (), (a.name,), "bool" if a.type == "bool" else "float", (), a.loc)
+    return scope
+
+
+def _check_dims(spec: OpSpec, root: Node, src: Source) -> None:
+    """A named value (dims N, K ...) meets a positional one only where a 4-d layout anchors names."""
+    has_anchor = any(layout in LAYOUT_DIMS for layout in spec.layouts)
+    for n in topo_order([root]):
+        if n.op in LIBRARY or not n.args:
+            continue
+        dims = [a.dims for a in n.args if a.dims]
+        if any(a.dims is None for a in n.args) and dims and not has_anchor:
+            raise SpecError(f"{src.what}: combines a value with dims {list(dims[0])} and a value "
+                            "of any rank; give the inputs shapes (shape: [...]) or a 4-d layout so "
+                            "their axes can be matched", n.loc or src.loc)
+
+
+def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: Dict[str, str]):
+    for b in bindings:
+        if b.name in fixed:
+            raise SpecError(f"{section}.{b.name}: {b.name!r} is already {fixed[b.name]}", b.name_loc)
+        if b.name in FUNCTION_NAMES:
+            raise SpecError(f"{section}.{b.name}: {b.name!r} is the name of a function of the "
+                            "expression language; pick another name", b.name_loc)
+        src = Source(b.expr, b.loc, f"{section}.{b.name}")
+        node = parse_expr(src, scope)
+        _check_dims(spec, node, src)
+        scope[b.name] = node
+        fixed[b.name] = f"defined earlier in {section}"
+    return scope
+
+
+def build_graphs(spec: OpSpec) -> OpGraphs:
+    """Parse forward (and backward) expressions; derive the backward graph; check both."""
+    scope = _scope(spec)
+    fixed = {i.name: "an input" for i in spec.inputs}
+    fixed.update({a.name: "an attr" for a in spec.attrs})
+    _bind(spec, "forward", spec.forward, scope, dict(fixed))
+    outputs = []
+    for o in spec.outputs:
+        if o.name not in scope or o.name in fixed:
+            raise SpecError(f"outputs.{o.name}: forward does not compute {o.name!r}; add a line "
+                            f"`{o.name}: <expression>` under forward", o.loc)
+        node = scope[o.name]
+        if node.kind != "float":
+            b = next(b for b in spec.forward if b.name == o.name)
+            raise SpecError(f"forward.{o.name}: an output must be a number, but this is a true/false "
+                            "condition; use where(cond, a, b)", b.loc)
+        outputs.append((o.name, node))
+    input_nodes = tuple(scope[i.name] for i in spec.inputs)
+    forward = Graph("forward", spec.input_names, spec.attr_names, tuple(outputs), input_nodes)
+
+    diff = tuple(i.name for i in spec.inputs if i.differentiable)
+    cot_nodes = {}
+    for name, node in outputs:
+        cot_nodes["d" + name] = Node("input", (), ("d" + name,), "float", node.dims, None)
+    grads = vjp([(node, cot_nodes["d" + name]) for name, node in outputs],
+                [scope[n] for n in diff])
+    bw_inputs = spec.input_names + tuple(cot_nodes)
+    bw_input_nodes = input_nodes + tuple(cot_nodes.values())
+    derived = Graph("backward", bw_inputs, spec.attr_names, tuple(zip(diff, grads)), bw_input_nodes)
+
+    backward = derived
+    if spec.backward is not None:
+        backward = Graph("backward", bw_inputs, spec.attr_names,
+                         _declared_grads(spec, scope, fixed, cot_nodes, diff), bw_input_nodes)
+    return OpGraphs(forward, backward, derived, spec.backward is not None, diff)
+
+
+def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff):
+    """The hand-written backward: one gradient per differentiable input, temporaries allowed."""
+    bscope = dict(scope)
+    bscope.update(cot_nodes)
+    bfixed = dict(fixed)
+    bfixed.update({c: "the gradient of an output" for c in cot_nodes})
+    bfixed.update({b.name: "defined in forward" for b in spec.forward})
+    by_name = dict(zip(spec.input_names, (scope[n] for n in spec.input_names)))
+    given = {}
+    for b in spec.backward:
+        if b.name not in spec.input_names:
+            _bind(spec, "backward", [b], bscope, bfixed)
+            continue
+        if b.name not in diff:
+            raise SpecError(f"backward.{b.name}: input {b.name!r} is not differentiable (its "
+                            "dtypes are not floats or it says differentiable: false)", b.name_loc)
+        src = Source(b.expr, b.loc, f"backward.{b.name}")
+        node = parse_expr(src, bscope)
+        _check_dims(spec, node, src)
+        if node.kind != "float":
+            raise src.error("a gradient must be a number, not a true/false condition")
+        given[b.name] = node
+    missing = [n for n in diff if n not in given]
+    if missing:
+        raise SpecError(f"backward: no gradient given for input {missing[0]!r}; write a line "
+                        f"`{missing[0]}: <expression>` or mark the input differentiable: false",
+                        spec.backward[0].name_loc)
+    return tuple((n, sum_to(given[n], by_name[n])) for n in diff)

@@ -1,0 +1,137 @@
+"""Expression graph nodes: immutable, hash-consed, content-hashed.
+
+A node is a primitive applied to argument nodes with static parameters. Two structurally equal
+nodes are the same object, so common subexpressions are shared for free and a graph's content
+hash is stable across runs (it feeds the build cache key).
+"""
+from __future__ import annotations
+
+import hashlib
+import weakref
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from ..errors import Loc
+
+# dims: None means "the full elementwise space" (positional, any rank, NumPy broadcasting);
+# a tuple names the dims of a value whose axes are known, e.g. ("N", "C"); () is a scalar.
+Dims = Optional[Tuple[str, ...]]
+
+
+class Node:
+    __slots__ = ("op", "args", "params", "kind", "dims", "loc", "_digest", "__weakref__")
+
+    _table: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: str, args: Tuple["Node", ...], params: tuple, kind: str, dims: Dims,
+                loc: Optional[Loc] = None):
+        key = (op, tuple(id(a) for a in args), params, kind, dims)
+        node = cls._table.get(key)
+        if node is not None and node.args == args:
+            return node
+        node = object.__new__(cls)
+        node.op, node.args, node.params, node.kind, node.dims = op, args, params, kind, dims
+        node.loc = loc
+        node._digest = None
+        cls._table[key] = node
+        return node
+
+    # Interned: identity is equality. Keep Python's default __eq__/__hash__.
+
+    @property
+    def digest(self) -> str:
+        """sha256 over the node's structure (not its source location)."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            h.update(repr((self.op, self.params, self.kind, self.dims)).encode())
+            for a in self.args:
+                h.update(a.digest.encode())
+            self._digest = h.hexdigest()
+        return self._digest
+
+    @property
+    def is_const(self) -> bool:
+        return self.op == "const"
+
+    @property
+    def value(self):
+        """The number of a const node."""
+        assert self.op == "const"
+        return self.params[0]
+
+    @property
+    def name(self) -> str:
+        """The name of an input or attr node."""
+        assert self.op in ("input", "attr")
+        return self.params[0]
+
+    def __repr__(self) -> str:
+        return f"Node({format_expr(self)})"
+
+
+def const(value, kind: str = "float") -> Node:
+    if kind == "float":
+        value = float(value)
+        value = 0.0 if value == 0 else value  # one zero: -0.0 and 0.0 fold to the same constant
+    return Node("const", (), (value,), kind, ())
+
+
+def topo_order(roots: Iterable[Node]) -> List[Node]:
+    """All nodes reachable from roots, every node after its arguments."""
+    order: List[Node] = []
+    seen = set()
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in seen:
+                continue
+            if expanded:
+                seen.add(id(node))
+                order.append(node)
+                continue
+            stack.append((node, True))
+            for a in reversed(node.args):
+                if id(a) not in seen:
+                    stack.append((a, False))
+    return order
+
+
+_INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
+          "gt": (">", 0), "ge": (">=", 0), "lt": ("<", 0), "le": ("<=", 0), "eq": ("==", 0),
+          "ne": ("!=", 0), "and": ("&", -1), "or": ("|", -2)}
+
+
+def format_expr(node: Node, names: Optional[Dict[int, str]] = None, prec: int = -10) -> str:
+    """Render a node as DSL text; `names` maps node ids to names to print instead."""
+    if names and id(node) in names:
+        return names[id(node)]
+    op = node.op
+    if op in ("input", "attr"):
+        return node.params[0]
+    if op == "const":
+        v = node.params[0]
+        if isinstance(v, bool):
+            return "True" if v else "False"
+        return repr(int(v)) if float(v).is_integer() and abs(v) < 1e15 else repr(v)
+    if op in _INFIX:
+        sym, p = _INFIX[op]
+        left = format_expr(node.args[0], names, p)
+        right = format_expr(node.args[1], names, p + 1)
+        text = f"{left} {sym} {right}"
+        return f"({text})" if p < prec else text
+    if op == "neg":
+        text = "-" + format_expr(node.args[0], names, 3)
+        return f"({text})" if prec > 3 else text
+    if op == "not":
+        return "~" + format_expr(node.args[0], names, 3)
+    if op == "pow":
+        return f"{format_expr(node.args[0], names, 4)} ** {node.params[0]!r}"
+    args = [format_expr(a, names) for a in node.args]
+    args += [_param_text(p) for p in node.params]
+    return f"{op}({', '.join(args)})"
+
+
+def _param_text(p) -> str:
+    if isinstance(p, tuple):
+        return "[" + ", ".join(map(str, p)) + "]"
+    return str(p)

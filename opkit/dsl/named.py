@@ -1,0 +1,86 @@
+"""Arrays whose axes carry dim names, and NumPy broadcasting by name.
+
+Inputs declared with a layout or a shape have named dims (N, C, H, W, K ...); layout-agnostic
+inputs are named by position from the right ('@0' is the last axis), which makes name-alignment
+the same thing as NumPy broadcasting. Both the runtime and the NumPy reference use these helpers.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+Names = Tuple[str, ...]
+
+
+def positional_names(ndim: int) -> Names:
+    return tuple(f"@{ndim - 1 - i}" for i in range(ndim))
+
+
+def describe(name: str) -> str:
+    return f"axis -{int(name[1:]) + 1}" if name.startswith("@") else f"dim {name}"
+
+
+def union_names(all_names: Sequence[Names]) -> Names:
+    """Ordered union: the longest name list first, then names not seen yet, in order."""
+    out: List[str] = []
+    for names in sorted(all_names, key=len, reverse=True):
+        for n in names:
+            if n not in out:
+                out.append(n)
+    # positional names keep NumPy's order (outermost first) even when they come from several arrays
+    pos = sorted((n for n in out if n.startswith("@")), key=lambda n: -int(n[1:]))
+    it = iter(pos)
+    return tuple(next(it) if n.startswith("@") else n for n in out)
+
+
+def dim_sizes(values: Sequence[Tuple[np.ndarray, Names]], labels: Sequence[str]) -> Dict[str, int]:
+    """The size of every dim; a dim of size 1 broadcasts. ValueError names the clashing arguments."""
+    sizes: Dict[str, int] = {}
+    owner: Dict[str, str] = {}
+    for (arr, names), label in zip(values, labels):
+        for n, s in zip(names, arr.shape):
+            if s == 1 and n in sizes:
+                continue
+            if n not in sizes or sizes[n] == 1:
+                sizes[n], owner[n] = s, label
+            elif sizes[n] != s:
+                raise ValueError(
+                    f"{label} has size {s} along {describe(n)} but {owner[n]} has size "
+                    f"{sizes[n]}; they do not broadcast (sizes must match or be 1)")
+    return sizes
+
+
+def expand_to(arr: np.ndarray, names: Names, target: Names) -> np.ndarray:
+    """A view of arr with axes in `target` order; missing dims become size-1 axes."""
+    perm = [names.index(n) for n in target if n in names]
+    view = arr.transpose(perm) if perm != list(range(arr.ndim)) else arr
+    shape = []
+    it = iter(view.shape)
+    for n in target:
+        shape.append(next(it) if n in names else 1)
+    return view.reshape(shape)
+
+
+def align(values: Sequence[Tuple[np.ndarray, Names]], labels: Sequence[str]):
+    """Broadcast by name: (names of the result, sizes, views expanded to those names)."""
+    target = union_names([n for _, n in values])
+    sizes = dim_sizes(values, labels)
+    return target, sizes, [expand_to(a, n, target) for a, n in values]
+
+
+def sum_to(arr: np.ndarray, names: Names, target_names: Names, target_shape: Tuple[int, ...],
+           dtype=None) -> np.ndarray:
+    """Reduce (or expand) a gradient to the shape of the input it belongs to."""
+    extra = tuple(i for i, n in enumerate(names) if n not in target_names)
+    if extra:
+        arr = arr.sum(axis=extra, dtype=dtype)
+        names = tuple(n for n in names if n in target_names)
+    keep = tuple(i for i, n in enumerate(names)
+                 if arr.shape[i] != 1 and target_shape[target_names.index(n)] == 1)
+    if keep:
+        arr = arr.sum(axis=keep, keepdims=True, dtype=dtype)
+    out = expand_to(arr, names, target_names)
+    if out.shape != tuple(target_shape):
+        out = np.broadcast_to(out, target_shape)
+    return out

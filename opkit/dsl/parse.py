@@ -1,0 +1,243 @@
+"""Expression text → graph nodes, through Python's `ast` module and a whitelist.
+
+Nothing is evaluated: the parser walks the syntax tree and accepts only numbers, names it was
+given, arithmetic, comparisons, `&`/`|`/`~`, `a if c else b` and calls of the DSL's functions.
+Every rejection points at the offending column of the user's expression with a caret.
+"""
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+from ..errors import Loc, SpecError
+from .ir import Node, const
+from .primitives import PRIMITIVES, apply
+
+_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
+           ast.BitAnd: "and", ast.BitOr: "or"}
+_CMPOPS = {ast.Gt: "gt", ast.GtE: "ge", ast.Lt: "lt", ast.LtE: "le", ast.Eq: "eq", ast.NotEq: "ne"}
+_CONSTANTS = {"pi": math.pi, "e": math.e, "inf": math.inf}
+# functions of the language: name -> (number of arguments, builder)
+_FUNCTIONS: Dict[str, tuple] = {
+    "where": (3, lambda c, x, y: apply("where", c, x, y)),
+    "min": (2, lambda x, y: apply("min", x, y)),
+    "max": (2, lambda x, y: apply("max", x, y)),
+    "clamp": (3, lambda x, lo, hi: apply("min", apply("max", x, lo), hi)),
+    "exp": (1, lambda x: apply("exp", x)),
+    "log": (1, lambda x: apply("log", x)),
+    "expm1": (1, lambda x: apply("expm1", x)),
+    "log1p": (1, lambda x: apply("log1p", x)),
+    "sqrt": (1, lambda x: apply("sqrt", x)),
+    "abs": (1, lambda x: apply("abs", x)),
+    "sigmoid": (1, lambda x: apply("sigmoid", x)),
+    "tanh": (1, lambda x: apply("tanh", x)),
+}
+FUNCTION_NAMES = tuple(sorted(_FUNCTIONS)) + tuple(sorted(_CONSTANTS))
+
+
+def register_function(name: str, nargs: int, builder: Callable) -> None:
+    """Make `name(...)` callable in expressions (used by library primitives)."""
+    _FUNCTIONS[name] = (nargs, builder)
+
+
+@dataclass
+class Source:
+    """Where an expression came from, for error messages with a caret."""
+
+    text: str
+    loc: Loc
+    what: str  # e.g. "forward.y"
+
+    def error(self, message: str, node: Optional[ast.AST] = None) -> SpecError:
+        line, col = self.loc.line, self.loc.col
+        caret_line = self.text.splitlines()[0] if self.text else ""
+        caret_col = 0
+        if node is not None and hasattr(node, "col_offset"):
+            lines = self.text.splitlines() or [""]
+            lineno = getattr(node, "lineno", 1)
+            caret_line = lines[min(lineno, len(lines)) - 1]
+            caret_col = node.col_offset
+            line += lineno - 1
+            col = (col if lineno == 1 else 1) + caret_col
+        excerpt = f"    {caret_line}\n    {' ' * caret_col}^"
+        return SpecError(f"{self.what}: {message}", Loc(self.loc.file, line, col), excerpt)
+
+
+class _Parser:
+    def __init__(self, src: Source, names: Dict[str, Node], kind_hint: Dict[str, str]):
+        self.src, self.names, self.kind_hint = src, names, kind_hint
+
+    def expr(self, node: ast.AST) -> Node:
+        method = getattr(self, "_" + type(node).__name__, None)
+        if method is None:
+            raise self.src.error(f"{_describe(node)} is not part of the expression language; "
+                                 "use numbers, names, + - * / **, comparisons, & | ~, "
+                                 f"and the functions {', '.join(_FUNCTIONS)}", node)
+        return method(node)
+
+    def loc(self, node: ast.AST) -> Loc:
+        return Loc(self.src.loc.file, self.src.loc.line + getattr(node, "lineno", 1) - 1,
+                   self.src.loc.col + getattr(node, "col_offset", 0))
+
+    def need(self, value: Node, kind: str, node: ast.AST, role: str) -> Node:
+        if value.kind != kind:
+            if kind == "float":
+                raise self.src.error(f"{role} must be a number, but this is a true/false condition; "
+                                     "turn a condition into a number with where(cond, a, b)", node)
+            raise self.src.error(f"{role} must be a true/false condition (a comparison such as "
+                                 "x > 0), but this is a number", node)
+        return value
+
+    def build(self, prim: str, node: ast.AST, *args: Node) -> Node:
+        p = PRIMITIVES[prim]
+        return apply(prim, *args, loc=self.loc(node)) if p else None
+
+    # --- leaves
+    def _Constant(self, node: ast.Constant) -> Node:
+        v = node.value
+        if isinstance(v, bool):
+            return const(v, "bool")
+        if isinstance(v, (int, float)):
+            return const(float(v))
+        raise self.src.error(f"the constant {v!r} is not a number", node)
+
+    def _Name(self, node: ast.Name) -> Node:
+        if node.id in self.names:
+            return self.names[node.id]
+        if node.id in _CONSTANTS:
+            return const(_CONSTANTS[node.id])
+        known = sorted(self.names)
+        import difflib
+        close = difflib.get_close_matches(node.id, known + list(_FUNCTIONS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else (f"; known names: {', '.join(known)}" if known else "")
+        raise self.src.error(f"undefined name {node.id!r}{hint}", node)
+
+    # --- operators
+    def _BinOp(self, node: ast.BinOp) -> Node:
+        left, right = self.expr(node.left), self.expr(node.right)
+        if isinstance(node.op, ast.Pow):
+            self.need(left, "float", node.left, "the base of **")
+            if not right.is_const or right.kind != "float":
+                raise self.src.error("the exponent of ** must be a constant number", node.right)
+            if right.value == 2.0:
+                return self.build("mul", node, left, left)
+            return self.build("pow", node, left, right)
+        prim = _BINOPS.get(type(node.op))
+        if prim is None:
+            raise self.src.error(f"the operator {_describe(node.op)} is not supported", node)
+        kind = "bool" if prim in ("and", "or") else "float"
+        role = "each side of & and |" if kind == "bool" else f"each side of {_symbol(node.op)}"
+        self.need(left, kind, node.left, role)
+        self.need(right, kind, node.right, role)
+        return self.build(prim, node, left, right)
+
+    def _UnaryOp(self, node: ast.UnaryOp) -> Node:
+        operand = self.expr(node.operand)
+        if isinstance(node.op, ast.UAdd):
+            return self.need(operand, "float", node.operand, "the operand of +")
+        if isinstance(node.op, ast.USub):
+            return self.build("neg", node, self.need(operand, "float", node.operand, "the operand of -"))
+        return self.build("not", node, self.need(operand, "bool", node.operand, "the operand of ~ / not"))
+
+    def _Compare(self, node: ast.Compare) -> Node:
+        result = None
+        left = self.expr(node.left)
+        left_ast = node.left
+        for op, right_ast in zip(node.ops, node.comparators):
+            prim = _CMPOPS.get(type(op))
+            if prim is None:
+                raise self.src.error(f"the comparison {_describe(op)} is not supported", node)
+            right = self.expr(right_ast)
+            self.need(left, "float", left_ast, "each side of a comparison")
+            self.need(right, "float", right_ast, "each side of a comparison")
+            cmp = self.build(prim, node, left, right)
+            result = cmp if result is None else self.build("and", node, result, cmp)
+            left, left_ast = right, right_ast
+        return result
+
+    def _BoolOp(self, node: ast.BoolOp) -> Node:
+        prim = "and" if isinstance(node.op, ast.And) else "or"
+        values = [self.need(self.expr(v), "bool", v, f"each operand of {prim}") for v in node.values]
+        result = values[0]
+        for v in values[1:]:
+            result = self.build(prim, node, result, v)
+        return result
+
+    def _IfExp(self, node: ast.IfExp) -> Node:
+        cond = self.need(self.expr(node.test), "bool", node.test, "the condition of `a if c else b`")
+        a = self.need(self.expr(node.body), "float", node.body, "each branch of `a if c else b`")
+        b = self.need(self.expr(node.orelse), "float", node.orelse, "each branch of `a if c else b`")
+        return self.build("where", node, cond, a, b)
+
+    def _Call(self, node: ast.Call) -> Node:
+        if not isinstance(node.func, ast.Name):
+            raise self.src.error("only the language's functions can be called, by plain name", node.func)
+        fname = node.func.id
+        if fname not in _FUNCTIONS:
+            import difflib
+            close = difflib.get_close_matches(fname, list(_FUNCTIONS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise self.src.error(f"unknown function {fname!r}{hint}; the functions are: "
+                                 f"{', '.join(_FUNCTIONS)}", node.func)
+        if node.keywords:
+            raise self.src.error(f"{fname}() takes positional arguments only", node.keywords[0].value)
+        nargs, builder = _FUNCTIONS[fname]
+        if len(node.args) != nargs:
+            raise self.src.error(f"{fname}() takes {nargs} argument{'s' * (nargs != 1)}, "
+                                 f"got {len(node.args)}", node)
+        args = []
+        for i, a in enumerate(node.args):
+            if isinstance(a, ast.Starred):
+                raise self.src.error("* arguments are not supported", a)
+            args.append(self.expr(a))
+        kinds = _CALL_KINDS.get(fname, ("float",) * nargs)
+        for i, (value, kind) in enumerate(zip(args, kinds)):
+            if kind != "any":
+                self.need(value, kind, node.args[i], f"argument {i + 1} of {fname}()")
+        try:
+            result = builder(*args)
+        except SpecError:
+            raise
+        except ValueError as exc:
+            raise self.src.error(str(exc), node) from None
+        if result.loc is None and not result.is_const:
+            result.loc = self.loc(node)
+        return result
+
+
+_CALL_KINDS = {"where": ("bool", "float", "float")}
+
+
+def set_call_kinds(name: str, kinds: tuple) -> None:
+    _CALL_KINDS[name] = kinds
+
+
+def _describe(node) -> str:
+    names = {"Subscript": "indexing ([...])", "Attribute": "attribute access (a.b)",
+             "Lambda": "lambda", "ListComp": "a list comprehension", "List": "a list",
+             "Tuple": "a tuple", "Dict": "a dict", "Set": "a set", "Starred": "*args",
+             "NamedExpr": "the := operator", "JoinedStr": "an f-string", "Await": "await",
+             "Mod": "%", "FloorDiv": "//", "MatMult": "@", "LShift": "<<", "RShift": ">>",
+             "BitXor": "^", "Is": "is", "IsNot": "is not", "In": "in", "NotIn": "not in",
+             "GeneratorExp": "a generator", "Yield": "yield"}
+    return names.get(type(node).__name__, type(node).__name__)
+
+
+def _symbol(op) -> str:
+    return {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}.get(type(op), "?")
+
+
+def parse_expr(src: Source, names: Dict[str, Node]) -> Node:
+    """Parse one expression; `names` maps the names in scope to their nodes."""
+    text = src.text.strip()
+    if not text:
+        raise src.error("the expression is empty")
+    try:
+        tree = ast.parse(text.replace("\n", " "), mode="eval")
+    except SyntaxError as exc:
+        fake = ast.Constant(0)
+        fake.lineno, fake.col_offset = 1, max((exc.offset or 1) - 1, 0)
+        raise src.error(f"syntax error: {exc.msg}", fake) from None
+    return _Parser(Source(text.replace("\n", " "), src.loc, src.what), names, {}).expr(tree.body)

@@ -1,0 +1,233 @@
+"""The closed set of primitives, each with everything the pipeline needs to know about it.
+
+One record per primitive, in the manner of JAX's lax: its argument kinds, its NumPy meaning (the
+reference), its derivative rule (reverse mode), its Cython expression and its TBE vector
+instruction with a cost. Adding a primitive is one entry here.
+
+Derivative rules take the output cotangent `g`, the node itself (for rules that reuse the output)
+and the argument nodes, and return one cotangent node per argument (None: no gradient flows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .ir import Dims, Node, const
+
+F, B = "float", "bool"
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str
+    arg_kinds: Tuple[str, ...]          # "float" or "bool" per argument
+    out_kind: str
+    numpy: Callable                      # reference meaning on float64 / bool arrays
+    cython: str                          # expression; {0}.. are arguments, {f} the libm suffix
+    tbe: str                             # TBE instruction (vector-vector form)
+    tbe_scalar: Optional[str]            # the vector-scalar form, when TBE has one (vmuls ...)
+    cost: float                          # vector instructions per element (static estimate)
+    vjp: Optional[Callable] = None
+    elementwise: bool = True
+    doc: str = ""
+
+
+PRIMITIVES: Dict[str, Primitive] = {}
+
+
+def _register(p: Primitive) -> Primitive:
+    PRIMITIVES[p.name] = p
+    return p
+
+
+# ---------------------------------------------------------------- node construction + rewrites
+
+def _dims(args: Sequence[Node]) -> Dims:
+    named = [a.dims for a in args if a.dims is not None]
+    if len(named) < len(args):
+        return None  # something positional: the full elementwise space
+    out = []
+    for d in sorted(named, key=len, reverse=True):
+        out.extend(n for n in d if n not in out)
+    return tuple(out)
+
+
+ZERO, ONE = const(0.0), const(1.0)
+
+
+def apply(name: str, *args: Node, loc=None) -> Node:
+    """Build `name(args)`, folding constants and applying exact algebraic rewrites."""
+    p = PRIMITIVES[name]
+    if all(a.is_const for a in args):
+        with np.errstate(all="ignore"):
+            v = p.numpy(*[np.float64(a.value) if a.kind == F else np.bool_(a.value) for a in args])
+        return const(bool(v), B) if p.out_kind == B else const(float(v))
+    simplified = _simplify(name, args)
+    if simplified is not None:
+        return simplified
+    return Node(name, tuple(args), (), p.out_kind, _dims(args), loc)
+
+
+def _is(node: Node, value: float) -> bool:
+    return node.is_const and node.kind == F and node.value == value
+
+
+def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
+    # Rewrites that never change a finite result; they keep derived gradients small.
+    if name == "add":
+        if _is(a[1], 0.0):
+            return a[0]
+        if _is(a[0], 0.0):
+            return a[1]
+        # where(c, p, 0) + where(c, 0, q) -> where(c, p, q): the two branches of one select
+        x, y = a
+        if x.op == y.op == "where" and x.args[0] is y.args[0]:
+            if _is(x.args[2], 0.0) and _is(y.args[1], 0.0):
+                return apply("where", x.args[0], x.args[1], y.args[2])
+            if _is(x.args[1], 0.0) and _is(y.args[2], 0.0):
+                return apply("where", x.args[0], y.args[1], x.args[2])
+    if name == "sub":
+        if _is(a[1], 0.0):
+            return a[0]
+        if _is(a[0], 0.0):
+            return apply("neg", a[1])
+    if name == "mul":
+        if _is(a[1], 1.0):
+            return a[0]
+        if _is(a[0], 1.0):
+            return a[1]
+        if _is(a[1], -1.0):
+            return apply("neg", a[0])
+        if _is(a[0], -1.0):
+            return apply("neg", a[1])
+        # s * where(c, p, 0) -> where(c, s * p, 0): no product where the branch is not taken
+        for w, s in ((a[0], a[1]), (a[1], a[0])):
+            if w.op == "where":
+                if _is(w.args[2], 0.0):
+                    return apply("where", w.args[0], apply("mul", w.args[1], s), ZERO)
+                if _is(w.args[1], 0.0):
+                    return apply("where", w.args[0], ZERO, apply("mul", w.args[2], s))
+    if name == "div" and _is(a[1], 1.0):
+        return a[0]
+    if name == "neg":
+        if a[0].op == "neg":
+            return a[0].args[0]
+        if a[0].op == "where" and (_is(a[0].args[1], 0.0) or _is(a[0].args[2], 0.0)):
+            w = a[0]
+            return apply("where", w.args[0], apply("neg", w.args[1]), apply("neg", w.args[2]))
+    if name == "where":
+        c, x, y = a
+        if x is y:
+            return x
+        if c.is_const:
+            return x if c.value else y
+    return None
+
+
+def add(x, y): return apply("add", x, y)
+def sub(x, y): return apply("sub", x, y)
+def mul(x, y): return apply("mul", x, y)
+def div(x, y): return apply("div", x, y)
+def neg(x): return apply("neg", x)
+def where(c, x, y): return apply("where", c, x, y)
+
+
+# ------------------------------------------------------------------------------ arithmetic
+
+def _np_min(a, b):
+    return np.where((a <= b) | np.isnan(a), a, b)
+
+
+def _np_max(a, b):
+    return np.where((a >= b) | np.isnan(a), a, b)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+_register(Primitive("add", (F, F), F, np.add, "({0} + {1})", "vadd", "vadds", 1,
+                    lambda g, out, x, y: (g, g), doc="x + y"))
+_register(Primitive("sub", (F, F), F, np.subtract, "({0} - {1})", "vsub", "vadds", 1,
+                    lambda g, out, x, y: (g, neg(g)), doc="x - y"))
+_register(Primitive("mul", (F, F), F, np.multiply, "({0} * {1})", "vmul", "vmuls", 1,
+                    lambda g, out, x, y: (mul(g, y), mul(g, x)), doc="x * y"))
+_register(Primitive("div", (F, F), F, np.divide, "({0} / {1})", "vdiv", "vdivs", 4,
+                    lambda g, out, x, y: (div(g, y), neg(div(mul(g, out), y))), doc="x / y"))
+_register(Primitive("neg", (F,), F, np.negative, "(-{0})", "vmuls", None, 1,
+                    lambda g, out, x: (neg(g),), doc="-x"))
+
+
+def _pow_vjp(g, out, x, e):
+    return (mul(g, mul(e, apply("pow", x, apply("sub", e, ONE)))), None)
+
+
+_register(Primitive("pow", (F, F), F, np.power, "pow{f}({0}, {1})", "vpow", "vpows", 12,
+                    _pow_vjp, doc="x ** c, c a constant"))
+
+# ------------------------------------------------------------------------------ comparisons
+
+for _name, _fn, _sym in (("gt", np.greater, ">"), ("ge", np.greater_equal, ">="),
+                         ("lt", np.less, "<"), ("le", np.less_equal, "<="),
+                         ("eq", np.equal, "=="), ("ne", np.not_equal, "!=")):
+    _register(Primitive(_name, (F, F), B, _fn, "({0} %s {1})" % _sym, "vcmp" + _name, "vcmp" + _name,
+                        1, None, doc=f"x {_sym} y (true/false)"))
+
+_register(Primitive("and", (B, B), B, np.logical_and, "({0} & {1})", "vand", None, 1, None,
+                    doc="c & d"))
+_register(Primitive("or", (B, B), B, np.logical_or, "({0} | {1})", "vor", None, 1, None,
+                    doc="c | d"))
+_register(Primitive("not", (B,), B, np.logical_not, "(not {0})", "vnot", None, 1, None, doc="~c"))
+
+# ------------------------------------------------------------------------------ selection
+
+_register(Primitive("where", (B, F, F), F, np.where, "({1} if {0} else {2})", "vsel", None, 1,
+                    lambda g, out, c, x, y: (None, where(c, g, ZERO), where(c, ZERO, g)),
+                    doc="where(c, x, y): x where c holds, else y"))
+
+
+def _minmax_vjp(cmp):
+    def rule(g, out, x, y):
+        sel = apply("or", apply(cmp, x, y), apply("ne", x, x))
+        return (where(sel, g, ZERO), where(sel, ZERO, g))
+    return rule
+
+
+# Ties and NaN pick the first argument (NaN propagates), and so does the gradient.
+_register(Primitive("min", (F, F), F, _np_min, "({0} if (({0} <= {1}) | ({0} != {0})) else {1})",
+                    "vmin", "vmins", 1, _minmax_vjp("le"), doc="min(x, y); NaN propagates"))
+_register(Primitive("max", (F, F), F, _np_max, "({0} if (({0} >= {1}) | ({0} != {0})) else {1})",
+                    "vmax", "vmaxs", 1, _minmax_vjp("ge"), doc="max(x, y); NaN propagates"))
+
+# ------------------------------------------------------------------------------ transcendental
+
+_register(Primitive("exp", (F,), F, np.exp, "exp{f}({0})", "vexp", None, 10,
+                    lambda g, out, x: (mul(g, out),), doc="e ** x"))
+_register(Primitive("expm1", (F,), F, np.expm1, "expm1{f}({0})", "vexpm1", None, 10,
+                    lambda g, out, x: (mul(g, add(out, ONE)),), doc="e ** x - 1, exact near 0"))
+_register(Primitive("log1p", (F,), F, np.log1p, "log1p{f}({0})", "vln1p", None, 10,
+                    lambda g, out, x: (div(g, add(x, ONE)),), doc="log(1 + x), exact near 0"))
+_register(Primitive("log", (F,), F, np.log, "log{f}({0})", "vln", None, 10,
+                    lambda g, out, x: (div(g, x),), doc="natural logarithm"))
+_register(Primitive("sqrt", (F,), F, np.sqrt, "sqrt{f}({0})", "vsqrt", None, 4,
+                    lambda g, out, x: (div(mul(g, const(0.5)), out),), doc="square root"))
+_register(Primitive("abs", (F,), F, np.abs, "fabs{f}({0})", "vabs", None, 1,
+                    lambda g, out, x: (where(apply("gt", x, ZERO), g,
+                                             where(apply("lt", x, ZERO), neg(g), ZERO)),),
+                    doc="|x|; gradient 0 at 0"))
+_register(Primitive("sigmoid", (F,), F, _sigmoid, "(1 / (1 + exp{f}(-{0})))", "vsigmoid", None, 13,
+                    lambda g, out, x: (mul(g, mul(out, sub(ONE, out))),),
+                    doc="1 / (1 + e ** -x)"))
+_register(Primitive("tanh", (F,), F, np.tanh, "tanh{f}({0})", "vtanh", None, 15,
+                    lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),), doc="hyperbolic tangent"))
+
+# TBE has no single instruction for these; the listing shows the sequence a TBE kernel would use.
+TBE_EXPANSIONS = {
+    "vsigmoid": ["vmuls {d}, {0}, #-1", "vexp {d}, {d}", "vadds {d}, {d}, #1", "vrec {d}, {d}"],
+    "vexpm1": ["vexp {d}, {0}", "vadds {d}, {d}, #-1"],
+    "vln1p": ["vadds {d}, {0}, #1", "vln {d}, {d}"],
+    "vtanh": ["vmuls {d}, {0}, #-2", "vexp {d}, {d}", "vadds {d}, {d}, #1", "vrec {d}, {d}",
+              "vmuls {d}, {d}, #-2", "vadds {d}, {d}, #1"],
+}

@@ -1,0 +1,37 @@
+"""Exceptions that opkit raises to its users."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A place in a declaration file: 1-based line and column."""
+
+    file: str
+    line: int
+    col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}" + (f":{self.col}" if self.col else "")
+
+
+class SpecError(ValueError):
+    """A bad operator declaration. The message names the file, the line and what was expected."""
+
+    def __init__(self, message: str, loc: Optional[Loc] = None, excerpt: str = ""):
+        self.loc = loc
+        self.reason = message
+        text = f"{loc}: {message}" if loc else message
+        if excerpt:
+            text += "\n" + excerpt
+        super().__init__(text)
+
+
+class BuildError(RuntimeError):
+    """Generating or compiling a kernel module failed; the message shows where and why."""
+
+
+class ValidationError(AssertionError):
+    """A compiled kernel disagrees with the NumPy reference beyond the precision standard."""

@@ -1,0 +1,179 @@
+"""Split a graph into fused elementwise kernels and library calls.
+
+Elementwise nodes fuse into one kernel per iteration space; a value crosses a kernel boundary
+(is materialized) only when a library call needs it as an array, when it is an output, or when
+it lives on fewer dims than its consumer (it is computed once on its own small space rather
+than once per element of the large one, e.g. a per-channel slope).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Set, Tuple
+
+from ..dsl.graph import Graph
+from ..dsl.ir import Node, topo_order
+from ..dsl.library import LIBRARY
+from ..dsl.primitives import PRIMITIVES
+from ..errors import SpecError
+from .plan import Instr, Kernel, LibCall, Plan, Schedule
+
+MAX_OPERANDS = 32
+
+
+def _computes(n: Node) -> bool:
+    return n.op in PRIMITIVES
+
+
+def _smaller(inner, outer) -> bool:
+    if inner is None:
+        return False
+    if outer is None:
+        return True
+    return set(inner) < set(outer)
+
+
+def value_id(kind: str, name: str) -> str:
+    return f"{kind}:{name}"
+
+
+def display(value: str) -> str:
+    """How a value is shown to people: x, y, dx, tmp0."""
+    kind, name = value.split(":", 1)
+    return "tmp" + name if kind == "tmp" else name
+
+
+def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
+    nodes = graph.nodes()
+    mat: Set[int] = set()
+    for n in nodes:
+        for a in n.args:
+            if not _computes(a):
+                continue
+            if n.op in LIBRARY or (_computes(n) and _smaller(a.dims, n.dims)):
+                mat.add(id(a))
+
+    # the value id that holds each materialized node, input and library result
+    holder: Dict[int, str] = {id(n): value_id("in", n.name) for n in graph.input_nodes}
+    out_pairs: List[Tuple[str, str]] = []
+    copies: List[Tuple[Node, str]] = []  # outputs that need a kernel of their own
+    claimed: Set[int] = set()
+    for name, node in graph.outputs:
+        vid = value_id("out", "d" + name if graph.kind == "backward" else name)
+        out_pairs.append((display(vid), vid))
+        if id(node) in claimed or node.op in ("input", "attr", "const"):
+            copies.append((node, vid))
+            continue
+        claimed.add(id(node))
+        holder[id(node)] = vid
+        if _computes(node):
+            mat.add(id(node))
+    temp_count = 0
+    for n in nodes:
+        if (id(n) in mat or n.op in LIBRARY) and id(n) not in holder:
+            holder[id(n)] = f"tmp:{temp_count}"
+            temp_count += 1
+
+    # stage: how many materialization boundaries separate a value from the inputs
+    stage: Dict[int, int] = {id(n): 0 for n in graph.input_nodes}
+
+    def reads(n: Node) -> List[Node]:
+        found, seen, stack = [], set(), list(n.args)
+        while stack:
+            a = stack.pop()
+            if id(a) in seen:
+                continue
+            seen.add(id(a))
+            if a.op == "input" or id(a) in mat or a.op in LIBRARY:
+                found.append(a)
+            elif a.args:
+                stack.extend(a.args)
+        return found
+
+    for n in nodes:
+        if id(n) in mat or n.op in LIBRARY:
+            stage[id(n)] = 1 + max((stage[id(r)] for r in reads(n)), default=0)
+
+    groups: Dict[tuple, List[Node]] = {}
+    for n in nodes:
+        if id(n) in mat:
+            groups.setdefault((stage[id(n)], n.dims), []).append(n)
+    steps: List[tuple] = []
+    for (st, _), roots in groups.items():
+        steps.append((st, 0, roots, [holder[id(r)] for r in roots]))
+    for n in nodes:
+        if n.op in LIBRARY:
+            steps.append((stage[id(n)], 1, n, None))
+    for node, vid in copies:
+        st = stage.get(id(node), 0) + 1 if node.op != "input" else 1
+        steps.append((max(stage.values(), default=0) + 1, 2, [node], [vid]))
+
+    ordered = []
+    k = 0
+    for st, order, what, outs in sorted(steps, key=lambda s: (s[0], s[1])):
+        if order == 1:
+            ordered.append(LibCall(f"{prefix}lib{len(ordered)}", what.op,
+                                   tuple(holder[id(a)] for a in what.args), what.params,
+                                   holder[id(what)]))
+        else:
+            ordered.append(_kernel(f"{prefix}{k}", what, outs, holder, mat, schedule))
+            k += 1
+    temps = tuple(sorted({v for v in holder.values() if v.startswith("tmp:")},
+                         key=lambda v: int(v.split(":")[1])))
+    return Plan(graph.kind, graph.inputs, graph.attrs, tuple(out_pairs), tuple(ordered), temps)
+
+
+def _kernel(name: str, roots: List[Node], outputs: List[str], holder: Dict[int, str],
+            mat: Set[int], schedule: Schedule) -> Kernel:
+    root_ids = {id(r) for r in roots}
+
+    def boundary(n: Node) -> bool:
+        return id(n) not in root_ids and (n.op == "input" or id(n) in mat or n.op in LIBRARY)
+
+    order: List[Node] = []
+    seen: Set[int] = set()
+
+    def visit(n: Node) -> None:  # topological, stopping at values other steps provide
+        stack = [(n, False)]
+        while stack:
+            m, done = stack.pop()
+            if id(m) in seen:
+                continue
+            if done or boundary(m) or not m.args:
+                seen.add(id(m))
+                order.append(m)
+                continue
+            stack.append((m, True))
+            stack.extend((a, False) for a in reversed(m.args) if id(a) not in seen)
+
+    for r in roots:
+        visit(r)
+
+    ssa: Dict[int, str] = {}
+    body: List[Instr] = []
+    inputs: List[str] = []
+    attrs: List[str] = []
+    locs = []
+    for n in order:
+        if n.op == "attr":
+            ssa[id(n)] = "@" + n.name
+            if n.name not in attrs:
+                attrs.append(n.name)
+        elif n.op == "const":
+            ssa[id(n)] = "#" + repr(n.value)
+        elif boundary(n) or n.op == "input":
+            vid = holder[id(n)]
+            if vid not in inputs:
+                inputs.append(vid)
+            dst = f"v{len(body)}"
+            body.append(Instr(dst, "load", (str(inputs.index(vid)),), "float"))
+            ssa[id(n)] = dst
+        else:
+            dst = f"v{len(body)}"
+            body.append(Instr(dst, n.op, tuple(ssa[id(a)] for a in n.args), n.kind, None, n.loc))
+            ssa[id(n)] = dst
+            if n.loc is not None and n.loc not in locs:
+                locs.append(n.loc)
+    if len(inputs) + len(outputs) > MAX_OPERANDS:
+        raise SpecError(f"a fused kernel would read and write {len(inputs) + len(outputs)} arrays; "
+                        f"at most {MAX_OPERANDS} are supported, split the operator")
+    return Kernel(name, tuple(inputs), tuple(outputs), tuple(attrs), tuple(body),
+                  tuple(ssa[id(r)] for r in roots), schedule, tuple(sorted(locs, key=lambda l: l.line)))

@@ -1,0 +1,95 @@
+"""The vector-instruction listing of a kernel in TBE terms, and its static cost per element."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from ..dsl.primitives import PRIMITIVES, TBE_EXPANSIONS
+from .fuse import display
+from .plan import Kernel
+
+_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
+_TBE_TYPE = {"float16": "f16", "float32": "f32", "float64": "f64"}
+
+
+def compute_dtype(dtype: str) -> str:
+    """float16 is computed in float32 and rounded once on store."""
+    return "float32" if dtype == "float16" else dtype
+
+
+def _operand(name: str) -> str:
+    if name.startswith("@"):
+        return name[1:]
+    if name.startswith("#"):
+        return name
+    return name
+
+
+def listing(kernel: Kernel, dtype: str) -> List[str]:
+    """One line per vector instruction, `mnemonic dst, src...`, for one storage dtype."""
+    ct = _TBE_TYPE[compute_dtype(dtype)]
+    st = _TBE_TYPE[dtype]
+    lines: List[str] = []
+    names = {}
+    for ins in kernel.body:
+        if ins.op == "load":
+            src = display(kernel.inputs[int(ins.args[0])])
+            names[ins.dst] = src
+            lines.append(f"vld      {src}, gm.{src}" + ("" if st == ct else f"          ; {st}"))
+            if st != ct:
+                lines.append(f"vconv_{st}2{ct} {src}, {src}")
+            continue
+        p = PRIMITIVES[ins.op]
+        args = [names.get(a, _operand(a)) for a in ins.args]
+        scalar = [a for a in ins.args if a.startswith(("@", "#"))]
+        mnemonic = p.tbe
+        if scalar and p.tbe_scalar and len(ins.args) == 2:
+            mnemonic = p.tbe_scalar
+            vec = [names.get(a, a) for a in ins.args if not a.startswith(("@", "#"))]
+            args = vec + [_operand(s) for s in scalar]
+            if ins.op == "sub" and ins.args[1].startswith(("@", "#")):
+                args[-1] = "-" + args[-1]
+        if ins.op == "neg":
+            args = args + ["#-1"]
+        names[ins.dst] = ins.dst
+        if mnemonic in TBE_EXPANSIONS:
+            lines.extend(t.format(*args, d=ins.dst) for t in TBE_EXPANSIONS[mnemonic])
+        else:
+            lines.append(f"{mnemonic:<8} {', '.join([ins.dst] + args)}")
+    for out, res in zip(kernel.outputs, kernel.results):
+        src = names.get(res, _operand(res))
+        if st != ct:
+            lines.append(f"vconv_{ct}2{st} {src}, {src}")
+        lines.append(f"vst      gm.{display(out)}, {src}")
+    # name the SSA registers after what they hold where that is clearer
+    return lines
+
+
+@dataclass(frozen=True)
+class Cost:
+    vector_ops: float        # compute instructions per element vector
+    bytes_per_element: int   # memory traffic of one element of the iteration space
+    lanes: int
+
+    @property
+    def ops_per_element(self) -> float:
+        return self.vector_ops / self.lanes
+
+    def bound(self, bytes_per_cycle: float = 4.0) -> str:
+        # one core streams about 4 bytes per cycle from memory (~12 GB/s at 3 GHz); a vector
+        # instruction issues about once per cycle
+        mem = self.bytes_per_element / bytes_per_cycle
+        return "memory" if mem >= self.ops_per_element else "compute"
+
+    def __str__(self) -> str:
+        return (f"{self.vector_ops:g} vector ops per {self.lanes}-lane vector "
+                f"({self.ops_per_element:.3g} per element), {self.bytes_per_element} bytes per element "
+                f"moved: {self.bound()}-bound")
+
+
+def cost(kernel: Kernel, dtype: str) -> Cost:
+    ops = sum(PRIMITIVES[i.op].cost for i in kernel.body if i.op != "load")
+    if dtype == "float16":
+        ops += len(kernel.operands)  # one conversion per load and store
+    lanes = kernel.schedule.lanes(_ITEMSIZE[compute_dtype(dtype)])
+    return Cost(ops, _ITEMSIZE[dtype] * len(kernel.operands), lanes)

@@ -1,0 +1,75 @@
+"""The lowered form of a pass: fused elementwise kernels and library calls, in order."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Tuple, Union
+
+from ..errors import Loc
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One SSA step of a kernel body: dst = op(args)."""
+
+    dst: str                      # v0, v1 ...
+    op: str                       # a primitive name, or "load" / "attr" / "const"
+    args: Tuple[str, ...]         # SSA names (for "load": the operand index as text)
+    kind: str                     # float | bool
+    value: object = None          # the constant of a "const", the attr name of an "attr"
+    loc: Optional[Loc] = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a kernel runs; it never changes the result (each element is computed the same way)."""
+
+    tile: int                     # elements per tile in the converting / strided path
+    parallel_threshold: int       # below this many elements one thread runs
+    max_threads: Optional[int]    # None: every core opkit may use
+    vector_bytes: int             # vector register width of the target
+    isa: str                      # what the kernel is compiled for
+
+    def lanes(self, itemsize: int) -> int:
+        return max(self.vector_bytes // itemsize, 1)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str                     # fwd0, bwd0 ...
+    inputs: Tuple[str, ...]       # values read (input names or temps)
+    outputs: Tuple[str, ...]      # values written
+    attrs: Tuple[str, ...]        # attrs the body uses, in argument order
+    body: Tuple[Instr, ...]
+    results: Tuple[str, ...]      # the SSA name stored to each output
+    schedule: Schedule
+    locs: Tuple[Loc, ...] = ()    # declaration lines this kernel comes from
+
+    @property
+    def operands(self) -> Tuple[str, ...]:
+        return self.inputs + self.outputs
+
+
+@dataclass(frozen=True)
+class LibCall:
+    name: str
+    prim: str
+    args: Tuple[str, ...]
+    params: tuple
+    result: str
+
+
+Step = Union[Kernel, LibCall]
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: str                                 # forward | backward
+    inputs: Tuple[str, ...]
+    attrs: Tuple[str, ...]
+    outputs: Tuple[Tuple[str, str], ...]      # (output name, value that holds it)
+    steps: Tuple[Step, ...]
+    temps: Tuple[str, ...] = field(default=())
+
+    @property
+    def kernels(self) -> Tuple[Kernel, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Kernel))

@@ -1,0 +1,207 @@
+"""Check a call's arguments and give every array its dim names; nothing runs before this passes.
+
+Errors name the operator, the argument, what was expected and what was given: TypeError for
+dtypes and argument types, ValueError for shapes, layouts, values and `out=`.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..dsl import named
+from ..spec.model import FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
+
+Value = Tuple[np.ndarray, Tuple[str, ...]]
+
+
+def _or_list(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+@dataclass
+class Bound:
+    """A checked call: arrays with dim names, dim sizes, attrs and the result dtype."""
+
+    layout: str
+    values: Dict[str, Value]            # "in:x" -> (array, names)
+    sizes: Dict[str, int]
+    attrs: Dict[str, object]            # as the kernels take them (null -> null_means)
+    dtype: np.dtype                     # the dtype of results
+    outputs: Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...], Optional[np.ndarray]]]
+
+
+def split_args(spec: OpSpec, leading: Sequence[str], args: tuple, kwargs: dict, where: str):
+    """Match positional and keyword arguments to `leading` names, then the attrs, in order."""
+    order = list(leading) + list(spec.attr_names)
+    if len(args) > len(order):
+        raise TypeError(f"{where} takes at most {len(order)} positional arguments "
+                        f"({', '.join(order)}), got {len(args)}")
+    given = dict(zip(order, args))
+    for key, value in kwargs.items():
+        if key not in order:
+            close = difflib.get_close_matches(key, order, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(order)}"
+            raise TypeError(f"{where} got an unexpected keyword argument {key!r}{hint}")
+        if key in given:
+            raise TypeError(f"{where} got argument {key!r} twice (by position and by keyword)")
+        given[key] = value
+    for name in leading:
+        if name not in given:
+            raise TypeError(f"{where} is missing the argument {name!r}")
+    return given
+
+
+def check_attrs(spec: OpSpec, given: dict, where: str) -> Dict[str, object]:
+    out = {}
+    for a in spec.attrs:
+        if a.name not in given:
+            if a.required:
+                raise TypeError(f"{where} is missing the attribute {a.name!r} ({a.type})")
+            v = a.default
+        else:
+            v = given[a.name]
+        if v is None:
+            if not a.nullable:
+                raise TypeError(f"{where}: {a.name} must be a {a.type}, got None")
+            out[a.name] = a.null_means
+            continue
+        if a.type == "bool":
+            if not isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"{where}: {a.name} must be True or False, got {v!r}")
+            out[a.name] = bool(v)
+            continue
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{where}: {a.name} must be a{'n int' if a.type == 'int' else ' float'}, "
+                            f"got {type(v).__name__} {v!r}")
+        if a.type == "int":
+            if not float(v).is_integer():
+                raise TypeError(f"{where}: {a.name} must be an integer, got {v!r}")
+            v = int(v)
+        else:
+            v = float(v)
+        if a.range is not None and v not in a.range:
+            raise ValueError(f"{where}: {a.name} must be in {a.range}, got {v!r}")
+        if a.type == "float" and math.isnan(v):
+            raise ValueError(f"{where}: {a.name} must be a number, got nan")
+        out[a.name] = v
+    return out
+
+
+def as_array(value, name: str, allowed: Sequence[str], where: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        if value is None or isinstance(value, (str, bytes, dict)):
+            raise TypeError(f"{where}: {name} must be an array of {_or_list(allowed)}, got "
+                            f"{type(value).__name__}")
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{where}: {name} must be an array, got {type(value).__name__} ({exc})") from None
+    if arr.dtype.name not in allowed:
+        raise TypeError(f"{where}: {name} must be an array of {_or_list(allowed)}, got dtype "
+                        f"{arr.dtype.name}" + (f"; convert it with .astype(np.{allowed[-1]})"
+                                               if arr.dtype.kind in "iubf" else ""))
+    return arr
+
+
+def choose_layout(spec: OpSpec, layout: Optional[str], where: str) -> str:
+    if layout is None:
+        return spec.layouts[0]
+    if layout not in spec.layouts:
+        raise ValueError(f"{where}: layout must be {_or_list([repr(x) for x in spec.layouts])}, "
+                         f"got {layout!r}")
+    return layout
+
+
+def input_names(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str):
+    """Dim names of every input array for this layout."""
+    anchor = LAYOUT_PHYSICAL.get(layout)
+    out = {}
+    for i in spec.inputs:
+        arr = arrays[i.name]
+        if i.shape is not None:
+            if arr.ndim != len(i.shape):
+                raise ValueError(f"{where}: {i.name} must have {len(i.shape)} dims "
+                                 f"[{', '.join(i.shape)}], got shape {arr.shape}")
+            out[i.name] = i.shape
+        elif i.layouts_declared and layout in LAYOUT_DIMS:
+            if layout not in i.layouts:
+                raise ValueError(f"{where}: {i.name} does not support layout {layout!r} "
+                                 f"(it supports {', '.join(i.layouts)})")
+            if arr.ndim != 4:
+                raise ValueError(f"{where}: layout {layout} needs {i.name} with 4 dims "
+                                 f"[{', '.join(LAYOUT_PHYSICAL[layout])}], got shape {arr.shape}")
+            out[i.name] = LAYOUT_PHYSICAL[layout]
+        elif anchor is not None:
+            if arr.ndim > len(anchor):
+                raise ValueError(f"{where}: {i.name} has {arr.ndim} dims but layout {layout} has "
+                                 f"{len(anchor)}; it must broadcast to [{', '.join(anchor)}]")
+            out[i.name] = anchor[len(anchor) - arr.ndim:]
+        else:
+            if i.layouts_declared and layout not in i.layouts:
+                raise ValueError(f"{where}: {i.name} does not support layout {layout!r} "
+                                 f"(it supports {', '.join(i.layouts)})")
+            out[i.name] = named.positional_names(arr.ndim)
+    return out
+
+
+def _label(name: str, arr: np.ndarray) -> str:
+    return f"{name} (shape {arr.shape})"
+
+
+def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
+         extra: Sequence[Tuple[str, object, str]] = ()) -> Bound:
+    """Check inputs, attrs and layout. `extra` are (name, value, like-output) cotangent arrays."""
+    layout = choose_layout(spec, layout, where)
+    arrays = {i.name: as_array(given[i.name], i.name, i.dtypes, where) for i in spec.inputs}
+    names = input_names(spec, arrays, layout, where)
+    values = {f"in:{n}": (arrays[n], names[n]) for n in arrays}
+    labels = [_label(n, arrays[n]) for n in arrays]
+    sizes = named.dim_sizes(list(values.values()), labels)
+    float_dtypes = [a.dtype for a in arrays.values() if a.dtype.name in FLOAT_DTYPES]
+    dtype = np.result_type(*float_dtypes) if float_dtypes else np.dtype(spec.dtypes[0])
+    if dtype.name not in spec.dtypes:
+        raise TypeError(f"{where}: the inputs together need dtype {dtype.name}, which this "
+                        f"operator does not support ({', '.join(spec.dtypes)})")
+    outputs = {}
+    for o in spec.outputs:
+        if o.like is not None:
+            like_arr, like_names = values[f"in:{o.like}"]
+            for i in spec.inputs:
+                arr, nm = values[f"in:{i.name}"]
+                for n, s in zip(nm, arr.shape):
+                    pos = n.startswith("@") or i.shape is None
+                    if n in like_names:
+                        if s not in (1, like_arr.shape[like_names.index(n)]):
+                            raise ValueError(
+                                f"{where}: {_label(i.name, arr)} does not broadcast to "
+                                f"{_label(o.like, like_arr)}: {named.describe(n)} has size {s}, "
+                                f"expected {like_arr.shape[like_names.index(n)]} or 1")
+                    elif pos and s != 1:
+                        raise ValueError(f"{where}: {_label(i.name, arr)} does not broadcast to "
+                                         f"{_label(o.like, like_arr)}: it has more dims")
+            outputs[o.name] = (like_names, like_arr.shape, like_arr)
+        else:
+            union = named.union_names([nm for _, nm in values.values()])
+            outputs[o.name] = (union, tuple(sizes[n] for n in union), None)
+    for name, value, like_out in extra:
+        out_names, out_shape, _ = outputs[like_out]
+        arr = as_array(value, name, FLOAT_DTYPES, where)
+        if arr.ndim > len(out_names):
+            raise ValueError(f"{where}: {_label(name, arr)} must have the shape of output "
+                             f"{like_out} {tuple(out_shape)}")
+        nm = out_names[len(out_names) - arr.ndim:]
+        for n, s in zip(nm, arr.shape):
+            if s not in (1, out_shape[out_names.index(n)]):
+                raise ValueError(f"{where}: {_label(name, arr)} must have the shape of output "
+                                 f"{like_out} {tuple(out_shape)} (or broadcast to it)")
+        values[f"in:{name}"] = (arr, nm)
+        dtype = np.result_type(dtype, arr.dtype)
+    return Bound(layout, values, sizes, check_attrs(spec, given, where), dtype, outputs)

@@ -1,0 +1,128 @@
+"""Run a lowered plan on checked arrays: allocate, call kernels, run library steps."""
+from __future__ import annotations
+
+from math import prod
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from ..codegen import DTYPE_CODES, instance_tag
+from ..dsl import named
+from ..dsl.library import LIBRARY, Context
+from ..lower import Kernel, LibCall, Plan, compute_dtype
+from ..lower import display as display_value
+from ..config import get as setting
+from .bind import Bound
+from .geometry import geometry, operand_strides
+
+Value = Tuple[np.ndarray, Tuple[str, ...]]
+
+
+def thread_count(total: int, schedule) -> int:
+    if total < max(schedule.parallel_threshold, 2):
+        return 1
+    n = setting("num_threads")
+    if schedule.max_threads:
+        n = min(n, schedule.max_threads)
+    return max(1, min(n, total // 1024 or 1))
+
+
+class Executor:
+    """A plan plus what the runtime precomputes about it once."""
+
+    def __init__(self, plan: Plan, where: str):
+        self.plan = plan
+        self.where = where
+        self.readers: Dict[str, List[int]] = {}
+        for i, step in enumerate(plan.steps):
+            for v in (step.inputs if isinstance(step, Kernel) else step.args):
+                self.readers.setdefault(v, []).append(i)
+        # a temp read only by one sum_to that lands in an output can be that output, whenever the
+        # call's shapes make the reduction an identity (the common case: nothing is broadcast)
+        self.direct: Dict[str, LibCall] = {}
+        for i, step in enumerate(plan.steps):
+            if isinstance(step, LibCall) and step.prim == "sum_to" and step.result.startswith("out:"):
+                src = step.args[0]
+                if src.startswith("tmp:") and self.readers.get(src) == [i]:
+                    self.direct[src] = step
+
+    def run(self, bound: Bound, module, out_arrays: Dict[str, np.ndarray],
+            out_dtypes: Dict[str, np.dtype], like: Dict[str, Value]) -> Dict[str, np.ndarray]:
+        """`out_arrays`: caller-given outputs; `like`: (array, names) each output takes its layout from."""
+        env: Dict[str, Value] = dict(bound.values)
+        results: Dict[str, np.ndarray] = {}
+        skipped = set()
+        tag = instance_tag(bound.dtype.name)
+        temp_dtype = np.dtype(compute_dtype(bound.dtype.name))
+        for vid, arr in out_arrays.items():
+            env[vid] = (arr, like[vid][1])
+        for step in self.plan.steps:
+            if isinstance(step, LibCall):
+                if step.name in skipped:
+                    continue
+                self._library(step, env, bound, out_dtypes, like)
+                continue
+            ins = [env[v] for v in step.inputs]
+            for vid in step.outputs:
+                if vid in env:
+                    continue
+                if vid.startswith("out:"):
+                    env[vid] = self._allocate(like[vid], out_dtypes[vid])
+                    continue
+                lib = self.direct.get(vid)
+                if lib is not None:
+                    target = env[f"in:{lib.params[0]}"]
+                    nm = named.union_names([n for _, n in ins])
+                    sizes = named.dim_sizes(ins, [display_value(v) for v in step.inputs])
+                    shape = tuple(sizes[n] for n in nm)
+                    if nm == target[1] and shape == target[0].shape and lib.result not in env:
+                        env[vid] = env[lib.result] = self._allocate(target, out_dtypes[lib.result])
+                        skipped.add(lib.name)
+                        continue
+                env[vid] = self._temp(ins, step.inputs, temp_dtype)
+            self._kernel(step, env, bound, module, tag)
+        for out_name, vid in self.plan.outputs:
+            results[out_name] = env[vid][0]
+        return results
+
+    @staticmethod
+    def _allocate(like: Value, dtype) -> Value:
+        arr, names = like
+        return np.empty_like(arr, dtype=dtype), names
+
+    @staticmethod
+    def _temp(ins: List[Value], labels, dtype) -> Value:
+        nm = named.union_names([n for _, n in ins])
+        sizes = named.dim_sizes(ins, [display_value(v) for v in labels])
+        return np.empty(tuple(sizes[n] for n in nm), dtype=dtype), nm
+
+    def _kernel(self, k: Kernel, env: Dict[str, Value], bound: Bound, module, tag: str) -> None:
+        out_arr, iter_names = env[k.outputs[0]]
+        iter_shape = out_arr.shape
+        operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
+        strides = []
+        for (arr, nm), vid in zip(operands, k.operands):
+            for n, s in zip(nm, arr.shape):
+                if n not in iter_names and s != 1 or (n in iter_names and s not in (1, iter_shape[iter_names.index(n)])):
+                    raise ValueError(f"{self.where}: {display_value(vid)} of shape {arr.shape} does "
+                                     f"not fit the result's shape {iter_shape}")
+            strides.append(operand_strides(arr, nm, iter_names, iter_shape))
+        total = prod(iter_shape)
+        if total == 0:
+            return
+        codes = [DTYPE_CODES[arr.dtype.name] for arr, _ in operands]
+        geom = geometry(iter_shape, strides, codes, lead=len(k.inputs))
+        fn = getattr(module, f"{k.name}_{tag}")
+        fn(geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
+           thread_count(total, k.schedule))
+
+    def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like) -> None:
+        ctx = Context({k[3:]: v for k, v in env.items() if k.startswith("in:")})
+        arr, nm = LIBRARY[step.prim].run(ctx, [env[a] for a in step.args], step.params)
+        if step.result.startswith("out:"):
+            if step.result not in env:
+                env[step.result] = self._allocate(like[step.result], out_dtypes[step.result])
+            dst, dst_names = env[step.result]
+            np.copyto(dst, named.expand_to(arr, nm, dst_names), casting="unsafe")
+        else:
+            env[step.result] = (arr, nm)

@@ -1,0 +1,56 @@
+"""Iteration geometry for a kernel call: the shape and byte strides of every operand.
+
+Dims of size 1 are dropped, the rest ordered by the output's strides (outermost first, as NumPy's
+order "K"), and neighbours that are contiguous for every operand are merged, so a contiguous or
+uniformly transposed call becomes one flat loop and the kernel's inner dim is the one that moves
+fastest in memory.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+
+def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequence[int],
+             lead: int) -> np.ndarray:
+    """The intp array opk_walk reads: [ndim, nops, shape..., strides[op][dim]..., codes...].
+
+    `lead` is the operand whose memory order the iteration follows (the first output)."""
+    nops = len(strides)
+    dims = [d for d, n in enumerate(shape) if n != 1]
+    order = [lead] + [k for k in range(nops) if k != lead]
+    dims.sort(key=lambda d: tuple(-abs(strides[k][d]) for k in order))
+    out_shape: List[int] = []
+    out_strides: List[List[int]] = [[] for _ in range(nops)]
+    for d in dims:
+        n = shape[d]
+        if out_shape and all(out_strides[k][-1] == strides[k][d] * n for k in range(nops)):
+            out_shape[-1] *= n
+            for k in range(nops):
+                out_strides[k][-1] = strides[k][d]
+        else:
+            out_shape.append(n)
+            for k in range(nops):
+                out_strides[k].append(strides[k][d])
+    if not out_shape:
+        out_shape = [1]
+        out_strides = [[0] for _ in range(nops)]
+    flat = [len(out_shape), nops] + out_shape
+    for s in out_strides:
+        flat.extend(s)
+    flat.extend(codes)
+    return np.array(flat, dtype=np.intp)
+
+
+def operand_strides(arr: np.ndarray, names: Tuple[str, ...], iter_names: Tuple[str, ...],
+                    iter_shape: Tuple[int, ...]) -> List[int]:
+    """Byte strides of arr over the iteration dims; 0 where it is broadcast."""
+    out = []
+    for n, size in zip(iter_names, iter_shape):
+        if n in names:
+            axis = names.index(n)
+            out.append(0 if arr.shape[axis] == 1 else arr.strides[axis])
+        else:
+            out.append(0)
+    return out

@@ -1,0 +1,214 @@
+"""The callable operator: checks arguments, builds its module on first use, runs its plans."""
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from ..build import BuildResult, build, toolchain
+from ..codegen import render
+from ..dsl.graph import OpGraphs
+from ..errors import SpecError
+from ..lower import Kernel, Lowered, lower
+from ..spec.model import OpSpec
+from .bind import Bound, bind, split_args
+from .execute import Executor
+
+
+def _inplace_safe(plan, out_vid: str, in_vid: str) -> bool:
+    """y may overwrite x if nothing reads x after the kernel that writes y."""
+    writer = next((i for i, s in enumerate(plan.steps)
+                   if isinstance(s, Kernel) and out_vid in s.outputs), None)
+    if writer is None or in_vid not in plan.steps[writer].inputs:
+        return False
+    readers = [i for i, s in enumerate(plan.steps)
+               if in_vid in (s.inputs if isinstance(s, Kernel) else s.args)]
+    return all(i <= writer for i in readers)
+
+
+class Op:
+    """A registered operator: `op(x, ...)`, `op.backward(dy, x, ...)`, `op.spec`, `op.name`."""
+
+    def __init__(self, spec: OpSpec, graphs: OpGraphs):
+        self.spec = spec
+        self.name = spec.name
+        self.graphs = graphs
+        self.__doc__ = f"{spec.name}: {spec.summary}" if spec.summary else spec.name
+        self._lock = threading.RLock()
+        self._modules: Dict[str, object] = {}
+        self._builds: Dict[str, BuildResult] = {}
+        self._lowered: Dict[str, Lowered] = {}
+        plan = self.lowered().forward
+        for out_name, in_name in spec.schedule.inplace:
+            if not _inplace_safe(plan, f"out:{out_name}", f"in:{in_name}"):
+                raise SpecError(f"schedule.inplace: {out_name} cannot overwrite {in_name}: "
+                                f"{in_name} is still read after {out_name} is written",
+                                spec.schedule.loc)
+        self._fwd = Executor(plan, f"{self.name}()")
+        bwd = self.lowered().backward
+        self._bwd = Executor(bwd, f"{self.name}.backward()") if bwd is not None else None
+
+    def __repr__(self) -> str:
+        ins = ", ".join(self.spec.input_names)
+        attrs = ", ".join(f"{a.name}={a.default!r}" for a in self.spec.attrs if not a.required)
+        return f"<opkit op {self.name}({ins}{', ' + attrs if attrs else ''}) from {self.spec.file}>"
+
+    # ------------------------------------------------------------------ pipeline
+
+    def lowered(self, isa: str = "") -> Lowered:
+        tc_target = toolchain(isa).target if isa else _default_target()
+        with self._lock:
+            if tc_target.isa not in self._lowered:
+                self._lowered[tc_target.isa] = lower(self.spec, self.graphs, tc_target)
+            return self._lowered[tc_target.isa]
+
+    def source(self, isa: str = "") -> str:
+        """The generated Cython module."""
+        tc = toolchain(isa)
+        return render(self.spec, self.graphs, self.lowered(tc.target.isa), tc.target)
+
+    def build(self, force: bool = False, isa: str = "") -> BuildResult:
+        """Compile the kernels into the cache (a cache hit does no work)."""
+        tc = toolchain(isa)
+        with self._lock:
+            result = build(self.name, self.source(tc.target.isa), self.spec.canonical(), tc, force=force)
+            self._builds[tc.target.isa] = result
+            if force:
+                self._modules.pop(tc.target.isa, None)
+            return result
+
+    def module(self, isa: str = ""):
+        """The loaded kernel module, built on first use."""
+        key = isa or _default_target().isa
+        mod = self._modules.get(key)
+        if mod is None:
+            with self._lock:
+                mod = self._modules.get(key)
+                if mod is None:
+                    mod = self.build(isa=isa).load()
+                    self._modules[key] = mod
+        return mod
+
+    # ------------------------------------------------------------------ calls
+
+    def _prepare_out(self, out, bound: Bound, where: str) -> Dict[str, np.ndarray]:
+        outputs = self.spec.outputs
+        if isinstance(out, (tuple, list)):
+            outs = tuple(out)
+        elif len(outputs) == 1:
+            outs = (out,)
+        else:
+            raise TypeError(f"{where}: out must be a tuple of {len(outputs)} arrays "
+                            f"({', '.join(o.name for o in outputs)}), got {type(out).__name__}")
+        if len(outs) != len(outputs):
+            raise ValueError(f"{where}: out must hold {len(outputs)} array(s), got {len(outs)}")
+        result = {}
+        for o, arr in zip(outputs, outs):
+            label = "out" if len(outputs) == 1 else f"out[{o.name}]"
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"{where}: {label} must be a NumPy array, got {type(arr).__name__}")
+            if arr.dtype != bound.dtype:
+                raise TypeError(f"{where}: {label} must have dtype {bound.dtype.name} (the result's "
+                                f"dtype), got {arr.dtype.name}")
+            _, shape, _ = bound.outputs[o.name]
+            if arr.shape != tuple(shape):
+                raise ValueError(f"{where}: {label} must have shape {tuple(shape)}, got {arr.shape}")
+            if not arr.flags.writeable:
+                raise ValueError(f"{where}: {label} is read-only")
+            result[f"out:{o.name}"] = arr
+        arrs = list(result.values())
+        for i in range(len(arrs)):
+            for j in range(i + 1, len(arrs)):
+                if np.may_share_memory(arrs[i], arrs[j]):
+                    raise ValueError(f"{where}: the out arrays overlap in memory")
+        return result
+
+    def _resolve_overlap(self, bound: Bound, outs: Dict[str, np.ndarray], plan) -> None:
+        """An input sharing memory with an out array is copied first, unless it is exactly the
+        same array and the declaration lets that output overwrite it (schedule.inplace)."""
+        inplace = {(f"out:{o}", f"in:{i}") for o, i in self.spec.schedule.inplace}
+        for vid, out_arr in outs.items():
+            for in_vid, (arr, names) in list(bound.values.items()):
+                if not np.may_share_memory(out_arr, arr):
+                    continue
+                same = (arr.__array_interface__["data"][0] == out_arr.__array_interface__["data"][0]
+                        and arr.shape == out_arr.shape and arr.strides == out_arr.strides
+                        and arr.dtype == out_arr.dtype)
+                if same and (vid, in_vid) in inplace:
+                    continue
+                bound.values[in_vid] = (arr.copy(order="K"), names)
+
+    @staticmethod
+    def _aligned(bound: Bound) -> None:
+        for vid, (arr, names) in list(bound.values.items()):
+            if not arr.flags.aligned:
+                bound.values[vid] = (arr.copy(order="K"), names)
+
+    def _like(self, bound: Bound) -> Dict[str, tuple]:
+        like = {}
+        for o in self.spec.outputs:
+            out_names, shape, like_arr = bound.outputs[o.name]
+            if like_arr is None:
+                like_arr = np.broadcast_to(np.empty((), bound.dtype), shape)
+            like[f"out:{o.name}"] = (like_arr, out_names)
+        return like
+
+    def __call__(self, *args, out=None, layout: Optional[str] = None, **kwargs):
+        where = f"{self.name}()"
+        given = split_args(self.spec, self.spec.input_names, args, kwargs, where)
+        bound = bind(self.spec, given, layout, where)
+        outs = self._prepare_out(out, bound, where) if out is not None else {}
+        self._aligned(bound)
+        unaligned = {vid: a for vid, a in outs.items() if not a.flags.aligned}
+        for vid in unaligned:
+            outs[vid] = np.empty_like(unaligned[vid])
+        self._resolve_overlap(bound, outs, self._fwd.plan)
+        like = self._like(bound)
+        dtypes = {vid: bound.dtype for vid in like}
+        results = self._fwd.run(bound, self.module(), outs, dtypes, like)
+        for vid, arr in unaligned.items():
+            np.copyto(arr, outs[vid])
+            results[vid[4:]] = arr
+        values = tuple(results[o.name] for o in self.spec.outputs)
+        return values[0] if len(values) == 1 else values
+
+    def backward(self, dy, *args, layout: Optional[str] = None, **kwargs) -> Tuple:
+        """Gradients of every input, in declared order (None for non-differentiable ones).
+
+        `dy` is the gradient of the output (a tuple of them when the operator has several)."""
+        where = f"{self.name}.backward()"
+        if self._bwd is None:
+            raise TypeError(f"{where}: {self.name} has no differentiable inputs")
+        outputs = self.spec.outputs
+        if len(outputs) == 1:
+            cots = tuple(dy) if isinstance(dy, tuple) else (dy,)
+        else:
+            if not isinstance(dy, (tuple, list)):
+                raise TypeError(f"{where}: dy must be a tuple of {len(outputs)} gradients "
+                                f"({', '.join('d' + o.name for o in outputs)})")
+            cots = tuple(dy)
+        if len(cots) != len(outputs):
+            raise ValueError(f"{where}: expected {len(outputs)} output gradient(s), got {len(cots)}")
+        given = split_args(self.spec, self.spec.input_names, args, kwargs, where)
+        extra = [(f"d{o.name}", c, o.name) for o, c in zip(outputs, cots)]
+        bound = bind(self.spec, given, layout, where, extra)
+        self._aligned(bound)
+        like, dtypes = {}, {}
+        for name in self.graphs.differentiable:
+            arr, names = bound.values[f"in:{name}"]
+            like[f"out:d{name}"] = (arr, names)
+            dtypes[f"out:d{name}"] = arr.dtype  # a gradient takes its input's dtype
+        results = self._bwd.run(bound, self.module(), {}, dtypes, like)
+        return tuple(results.get(f"d{n}") for n in self.spec.input_names)
+
+
+_TARGET = None
+
+
+def _default_target():
+    global _TARGET
+    if _TARGET is None:
+        from ..target import current
+        _TARGET = current()
+    return _TARGET

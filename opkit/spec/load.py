@@ -1,0 +1,346 @@
+"""Check a YAML declaration and build the frozen OpSpec; every error names file:line."""
+from __future__ import annotations
+
+import difflib
+import keyword
+import math
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from ..errors import Loc, SpecError
+from .model import (ATTR_TYPES, DTYPES, FLOAT_DTYPES, LAYOUTS, RESERVED_NAMES, AttrSpec, Binding,
+                    InputSpec, Interval, OpSpec, OutputSpec, ScheduleSpec)
+from .yamlnodes import YNode, load_yaml
+
+_IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
+_OP_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
+_INTERVAL = re.compile(r"\s*([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])\s*\Z")
+_DEFAULT_DOMAIN = (-3.0, 3.0)
+_KIND_NAMES = {dict: "a mapping", list: "a list", str: "a string", bool: "true or false",
+               int: "an integer", float: "a number"}
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "nothing (null)"
+    for t, name in _KIND_NAMES.items():
+        if type(value) is t:
+            return f"{name} ({value!r})" if t in (str, int, float, bool) else name
+    return type(value).__name__
+
+
+class _Map:
+    """Reads the keys of one YAML mapping; keys never read are reported as unknown."""
+
+    def __init__(self, node: YNode, where: str, allowed: Optional[Tuple[str, ...]]):
+        if not isinstance(node.value, dict):
+            raise SpecError(f"{where}: expected a mapping of keys, got {_kind(node.value)}", node.loc)
+        self.node, self.where, self.allowed = node, where, allowed
+        for key, child in node.value.items() if allowed is not None else ():
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of: {', '.join(allowed)}"
+                raise SpecError(f"{where}: unknown key {key!r}{hint}", child.loc)
+
+    def get(self, key: str) -> Optional[YNode]:
+        return self.node.value.get(key)
+
+    def need(self, key: str) -> YNode:
+        child = self.get(key)
+        if child is None:
+            raise SpecError(f"{self.where}: missing required key {key!r}", self.node.loc)
+        return child
+
+
+def _string(node: YNode, where: str) -> str:
+    if not isinstance(node.value, str):
+        raise SpecError(f"{where}: expected a string, got {_kind(node.value)}", node.loc)
+    return node.value
+
+
+def _ident(node_or_text, loc: Loc, where: str, what: str = "name") -> str:
+    text = node_or_text
+    if not isinstance(text, str) or not _IDENT.match(text) or keyword.iskeyword(text):
+        raise SpecError(
+            f"{where}: {what} {text!r} is not allowed; use letters, digits and underscores, "
+            "starting with a letter (at most 64 characters, not a Python keyword)", loc)
+    return text
+
+
+def _number(node: YNode, where: str, integer: bool = False) -> float:
+    v = node.value
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        raise SpecError(f"{where}: expected {'an integer' if integer else 'a number'}, got {_kind(v)}",
+                        node.loc)
+    return v
+
+
+def _list(node: YNode, where: str) -> List[YNode]:
+    if not isinstance(node.value, list):
+        raise SpecError(f"{where}: expected a list, got {_kind(node.value)}", node.loc)
+    return node.value
+
+
+def _choices(node: YNode, where: str, allowed: Tuple[str, ...]) -> Tuple[str, ...]:
+    items = _list(node, where)
+    if not items:
+        raise SpecError(f"{where}: the list is empty; give at least one of: {', '.join(allowed)}", node.loc)
+    out = []
+    for item in items:
+        if item.value not in allowed:
+            raise SpecError(f"{where}: {item.value!r} is not one of: {', '.join(allowed)}", item.loc)
+        if item.value in out:
+            raise SpecError(f"{where}: {item.value!r} is listed twice", item.loc)
+        out.append(item.value)
+    return tuple(out)
+
+
+def _bool(node: YNode, where: str) -> bool:
+    if not isinstance(node.value, bool):
+        raise SpecError(f"{where}: expected true or false, got {_kind(node.value)}", node.loc)
+    return node.value
+
+
+def _interval(node: YNode, where: str) -> Interval:
+    """`[low, high]` (closed) or interval notation such as `"(0, inf]"`."""
+    if isinstance(node.value, list):
+        items = node.value
+        if len(items) != 2:
+            raise SpecError(f"{where}: expected [low, high], got a list of {len(items)}", node.loc)
+        low, high = (_number(i, where) for i in items)
+        iv = Interval(float(low), float(high))
+    elif isinstance(node.value, str) and _INTERVAL.match(node.value):
+        lb, lo, hi, rb = _INTERVAL.match(node.value).groups()
+        try:
+            iv = Interval(float(lo), float(hi), lb == "(", rb == ")")
+        except ValueError:
+            raise SpecError(f"{where}: cannot read the bounds of {node.value!r}", node.loc) from None
+    else:
+        raise SpecError(f"{where}: expected [low, high] or an interval such as \"(0, inf]\", "
+                        f"got {_kind(node.value)}", node.loc)
+    if math.isnan(iv.low) or math.isnan(iv.high) or iv.low > iv.high:
+        raise SpecError(f"{where}: expected low <= high, got {iv}", node.loc)
+    return iv
+
+
+def _check_name(name: str, loc: Loc, where: str, taken: Dict[str, str]) -> str:
+    _ident(name, loc, where)
+    if name in RESERVED_NAMES:
+        raise SpecError(f"{where}: {name!r} is reserved for a call keyword; pick another name", loc)
+    if name.lower() in taken:
+        raise SpecError(f"{where}: {name!r} is already used as {taken[name.lower()]}", loc)
+    return name
+
+
+def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
+    m = _Map(node, "inputs", None)  # keys are names, checked one by one below
+    specs = []
+    for name, child in node.value.items():
+        where = f"inputs.{name}"
+        _check_name(name, child.loc, "inputs", taken)
+        f = _Map(child, where, ("dtypes", "layouts", "shape", "differentiable", "domain"))
+        dtypes = _choices(f.need("dtypes"), f"{where}.dtypes", DTYPES)
+        layouts_node = f.get("layouts")
+        layouts = _choices(layouts_node, f"{where}.layouts", LAYOUTS) if layouts_node else ("ND",)
+        shape = None
+        if f.get("shape") is not None:
+            sn = f.get("shape")
+            dims = [_ident(d.value, d.loc, f"{where}.shape", "dim name") for d in _list(sn, f"{where}.shape")]
+            if not dims:
+                raise SpecError(f"{where}.shape: give at least one dim name", sn.loc)
+            if len(set(dims)) != len(dims):
+                raise SpecError(f"{where}.shape: a dim name is repeated in {dims}", sn.loc)
+            if layouts_node and layouts != ("ND",):
+                raise SpecError(f"{where}: give either shape or a 4-d layout list, not both "
+                                "(a layout already names the dims N, C, H, W)", sn.loc)
+            shape = tuple(dims)
+        diff_node = f.get("differentiable")
+        differentiable = _bool(diff_node, f"{where}.differentiable") if diff_node else True
+        if differentiable and not any(d in FLOAT_DTYPES for d in dtypes):
+            differentiable = False
+        domain = _DEFAULT_DOMAIN
+        if f.get("domain") is not None:
+            iv = _interval(f.get("domain"), f"{where}.domain")
+            if not (math.isfinite(iv.low) and math.isfinite(iv.high)) or iv.low == iv.high:
+                raise SpecError(f"{where}.domain: expected finite bounds low < high, got {iv}",
+                                f.get("domain").loc)
+            domain = (iv.low, iv.high)
+        taken[name.lower()] = "an input"
+        specs.append(InputSpec(name, dtypes, layouts, layouts_node is not None, shape,
+                               differentiable, domain, child.loc))
+    if not specs:
+        raise SpecError("inputs: declare at least one input", m.node.loc)
+    return tuple(specs)
+
+
+def _attr_value(node: YNode, where: str, typ: str):
+    v = node.value
+    if typ == "bool":
+        return _bool(node, where)
+    if typ == "int":
+        return int(_number(node, where, integer=True))
+    return float(_number(node, where))
+
+
+def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]:
+    if node is None:
+        return ()
+    _Map(node, "attrs", None)
+    specs = []
+    for name, child in node.value.items():
+        where = f"attrs.{name}"
+        _check_name(name, child.loc, "attrs", taken)
+        f = _Map(child, where, ("type", "default", "range", "null_means", "quantize"))
+        typ_node = f.need("type")
+        if typ_node.value not in ATTR_TYPES:
+            raise SpecError(f"{where}.type: expected one of {', '.join(ATTR_TYPES)}, got {_kind(typ_node.value)}",
+                            typ_node.loc)
+        typ = typ_node.value
+        rng = _interval(f.get("range"), f"{where}.range") if f.get("range") is not None else None
+        if rng is not None and typ == "bool":
+            raise SpecError(f"{where}.range: a bool attr takes no range", f.get("range").loc)
+        null_means = None
+        if f.get("null_means") is not None:
+            if typ != "float":
+                raise SpecError(f"{where}.null_means: only float attrs can be null", f.get("null_means").loc)
+            null_means = float(_number(f.get("null_means"), f"{where}.null_means"))
+        quantize = None
+        if f.get("quantize") is not None:
+            qn = f.get("quantize")
+            if typ != "float":
+                raise SpecError(f"{where}.quantize: only float attrs can be quantized", qn.loc)
+            quantize = int(_number(qn, f"{where}.quantize", integer=True))
+            if not 1 <= quantize <= 15:
+                raise SpecError(f"{where}.quantize: expected a bit count in 1..15, got {quantize}", qn.loc)
+        dn = f.get("default")
+        required = "default" not in child.value
+        default = None
+        if not required:
+            if dn.value is None:
+                if null_means is None:
+                    raise SpecError(f"{where}.default: null is only allowed with null_means "
+                                    "(the value the attr takes in expressions when it is null)", dn.loc)
+            else:
+                default = _attr_value(dn, f"{where}.default", typ)
+                if rng is not None and default not in rng:
+                    raise SpecError(f"{where}.default: {default!r} is outside the range {rng}", dn.loc)
+        taken[name.lower()] = "an attr"
+        specs.append(AttrSpec(name, typ, default, required, rng, null_means, quantize, child.loc))
+    return tuple(specs)
+
+
+def _outputs(node: YNode, taken: Dict[str, str], inputs: Tuple[InputSpec, ...]) -> Tuple[OutputSpec, ...]:
+    _Map(node, "outputs", None)
+    specs = []
+    for name, child in node.value.items():
+        where = f"outputs.{name}"
+        _check_name(name, child.loc, "outputs", taken)
+        like = None
+        if child.value is not None:
+            f = _Map(child, where, ("like",))
+            if f.get("like") is not None:
+                ln = f.get("like")
+                like = _string(ln, f"{where}.like")
+                if like not in [i.name for i in inputs]:
+                    raise SpecError(f"{where}.like: {like!r} is not an input; expected one of: "
+                                    f"{', '.join(i.name for i in inputs)}", ln.loc)
+        taken[name.lower()] = "an output"
+        specs.append(OutputSpec(name, like, child.loc))
+    if not specs:
+        raise SpecError("outputs: declare at least one output", node.loc)
+    return tuple(specs)
+
+
+def _bindings(node: YNode, section: str) -> Tuple[Binding, ...]:
+    _Map(node, section, None)
+    out = []
+    for name, child in node.value.items():
+        _ident(name, child.loc, section)
+        if isinstance(child.value, bool) or not isinstance(child.value, (str, int, float)):
+            raise SpecError(f"{section}.{name}: expected an expression, got {_kind(child.value)}", child.loc)
+        text = child.value if isinstance(child.value, str) else repr(child.value)
+        # the key's own location: the line above the value for block scalars, same line otherwise
+        out.append(Binding(name, text, child.loc, child.loc))
+    if not out:
+        raise SpecError(f"{section}: give at least one `name: expression` line", node.loc)
+    return tuple(out)
+
+
+def _schedule(node: Optional[YNode], inputs, outputs) -> ScheduleSpec:
+    if node is None:
+        return ScheduleSpec()
+    f = _Map(node, "schedule", ("inplace", "tile", "parallel_threshold", "threads"))
+    inplace = []
+    if f.get("inplace") is not None:
+        ip = f.get("inplace")
+        _Map(ip, "schedule.inplace", None)
+        for out_name, in_node in ip.value.items():
+            if out_name not in [o.name for o in outputs]:
+                raise SpecError(f"schedule.inplace: {out_name!r} is not an output", in_node.loc)
+            in_name = _string(in_node, f"schedule.inplace.{out_name}")
+            if in_name not in [i.name for i in inputs]:
+                raise SpecError(f"schedule.inplace.{out_name}: {in_name!r} is not an input", in_node.loc)
+            inplace.append((out_name, in_name))
+
+    def positive(key: str, low: int, high: int) -> Optional[int]:
+        n = f.get(key)
+        if n is None:
+            return None
+        v = int(_number(n, f"schedule.{key}", integer=True))
+        if not low <= v <= high:
+            raise SpecError(f"schedule.{key}: expected an integer in {low}..{high}, got {v}", n.loc)
+        return v
+
+    tile = positive("tile", 16, 65536)
+    if tile is not None and tile % 16:
+        raise SpecError(f"schedule.tile: expected a multiple of 16 (a full vector), got {tile}",
+                        f.get("tile").loc)
+    return ScheduleSpec(tuple(inplace), tile, positive("parallel_threshold", 0, 1 << 40),
+                        positive("threads", 1, 1024), node.loc)
+
+
+_TOP_KEYS = ("name", "summary", "inputs", "attrs", "outputs", "forward", "backward", "schedule",
+             "precision_reduce")
+
+
+def parse_spec(text: str, file: str) -> OpSpec:
+    """Check one declaration given as YAML text; `file` names it in error messages."""
+    root = load_yaml(text, file)
+    top = _Map(root, "the declaration", _TOP_KEYS)
+    name_node = top.need("name")
+    name = _string(name_node, "name")
+    if not _OP_NAME.match(name):
+        raise SpecError(f"name: {name!r} is not allowed; use lower-case letters, digits and "
+                        "underscores, starting with a letter", name_node.loc)
+    summary = _string(top.get("summary"), "summary") if top.get("summary") is not None else ""
+    taken: Dict[str, str] = {}
+    inputs = _inputs(top.need("inputs"), taken)
+    attrs = _attrs(top.get("attrs"), taken)
+    outputs = _outputs(top.need("outputs"), taken, inputs)
+    for o in outputs:
+        cot = "d" + o.name
+        if cot.lower() in taken and taken[cot.lower()] != "an output":
+            raise SpecError(f"outputs.{o.name}: its gradient is called {cot!r} in backward "
+                            f"expressions, which is already {taken[cot.lower()]}", o.loc)
+    forward = _bindings(top.need("forward"), "forward")
+    backward = _bindings(top.get("backward"), "backward") if top.get("backward") is not None else None
+    schedule = _schedule(top.get("schedule"), inputs, outputs)
+    pr = top.get("precision_reduce")
+    precision_reduce = _bool(pr, "precision_reduce") if pr is not None else True
+    spec = OpSpec(name, summary, inputs, attrs, outputs, forward, backward, schedule,
+                  precision_reduce, file, root.loc, text)
+    if not spec.dtypes:
+        raise SpecError("inputs: the inputs share no dtype, so no kernel can be compiled; "
+                        "give every input at least one common dtype", root.loc)
+    return spec
+
+
+def load_spec(path) -> OpSpec:
+    """Read and check one declaration file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError("the file is not UTF-8 text", Loc(str(p), 1)) from None
+    return parse_spec(text, str(p))

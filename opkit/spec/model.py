@@ -1,0 +1,165 @@
+"""The checked operator declaration: frozen dataclasses that keep their source locations."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Tuple, Union
+
+from ..errors import Loc
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+INT_DTYPES = ("int8", "int16", "int32")
+DTYPES = FLOAT_DTYPES + INT_DTYPES
+LAYOUTS = ("ND", "NCHW", "NHWC")
+# The logical dims that a 4-d layout names, and their physical order in memory.
+LAYOUT_DIMS = {"NCHW": ("N", "C", "H", "W"), "NHWC": ("N", "C", "H", "W")}
+LAYOUT_PHYSICAL = {"NCHW": ("N", "C", "H", "W"), "NHWC": ("N", "H", "W", "C")}
+ATTR_TYPES = ("float", "int", "bool")
+# Keywords every operator call accepts; no input, attr or output may take these names.
+RESERVED_NAMES = ("out", "layout", "precision_mode", "clip", "self", "name", "spec", "backward")
+
+Scalar = Union[float, int, bool, None]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A closed, open or half-open interval of allowed attribute values."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, v: float) -> bool:
+        if v != v:  # NaN is in no interval
+            return False
+        above = v > self.low if self.low_open else v >= self.low
+        below = v < self.high if self.high_open else v <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        def num(x: float) -> str:
+            return "inf" if x == math.inf else "-inf" if x == -math.inf else repr(x)
+        return f"{'(' if self.low_open else '['}{num(self.low)}, {num(self.high)}{')' if self.high_open else ']'}"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtypes: Tuple[str, ...]
+    layouts: Tuple[str, ...]          # the layouts this input accepts; ("ND",) when not declared
+    layouts_declared: bool            # False: the input is layout-agnostic (broadcast by position)
+    shape: Optional[Tuple[str, ...]]  # named dims, e.g. ("N", "K"); None: any rank
+    differentiable: bool
+    domain: Tuple[float, float]       # where validation samples values
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    name: str
+    type: str                         # float | int | bool
+    default: Scalar
+    required: bool
+    range: Optional[Interval]
+    null_means: Optional[float]       # value a None (null) attr takes inside expressions
+    quantize: Optional[int]           # fixed-point bits for quantizable float attrs
+    loc: Loc
+
+    @property
+    def nullable(self) -> bool:
+        return self.null_means is not None
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    name: str
+    like: Optional[str]               # the input whose shape, dtype and memory order it takes
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One `name: expression` line of forward: or backward:."""
+
+    name: str
+    expr: str
+    loc: Loc          # where the expression text starts
+    name_loc: Loc     # where the name is written
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    inplace: Tuple[Tuple[str, str], ...] = ()     # (output, input) pairs that may share memory
+    tile: Optional[int] = None                     # elements per tile of the strided path
+    parallel_threshold: Optional[int] = None       # elements below which one thread runs
+    threads: Optional[int] = None                  # upper bound on threads; None: all cores
+    loc: Optional[Loc] = None
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    summary: str
+    inputs: Tuple[InputSpec, ...]
+    attrs: Tuple[AttrSpec, ...]
+    outputs: Tuple[OutputSpec, ...]
+    forward: Tuple[Binding, ...]
+    backward: Optional[Tuple[Binding, ...]]
+    schedule: ScheduleSpec
+    precision_reduce: bool
+    file: str
+    loc: Loc
+    source: str = field(repr=False, compare=False, default="")  # the file's text, for `opkit show`
+
+    def input(self, name: str) -> InputSpec:
+        return next(i for i in self.inputs if i.name == name)
+
+    def attr(self, name: str) -> AttrSpec:
+        return next(a for a in self.attrs if a.name == name)
+
+    @property
+    def input_names(self) -> Tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    @property
+    def attr_names(self) -> Tuple[str, ...]:
+        return tuple(a.name for a in self.attrs)
+
+    @property
+    def output_names(self) -> Tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    @property
+    def dtypes(self) -> Tuple[str, ...]:
+        """The dtypes kernels are compiled for: those every array input accepts."""
+        common = [d for d in DTYPES if all(d in i.dtypes for i in self.inputs)]
+        return tuple(common)
+
+    @property
+    def layouts(self) -> Tuple[str, ...]:
+        """The layouts a call may name; the first is the default."""
+        seen = []
+        for i in self.inputs:
+            if i.layouts_declared:
+                for layout in i.layouts:
+                    if layout not in seen:
+                        seen.append(layout)
+        return tuple(seen) or ("ND",)
+
+    def canonical(self) -> dict:
+        """A location-free description of everything that affects generated code."""
+        return {
+            "name": self.name,
+            "inputs": [[i.name, list(i.dtypes), list(i.layouts), i.layouts_declared,
+                        list(i.shape) if i.shape else None, i.differentiable, list(i.domain)]
+                       for i in self.inputs],
+            "attrs": [[a.name, a.type, a.default, a.required, str(a.range) if a.range else None,
+                       a.null_means, a.quantize] for a in self.attrs],
+            "outputs": [[o.name, o.like] for o in self.outputs],
+            "forward": [[b.name, b.expr] for b in self.forward],
+            "backward": [[b.name, b.expr] for b in self.backward] if self.backward else None,
+            "schedule": [list(map(list, self.schedule.inplace)), self.schedule.tile,
+                         self.schedule.parallel_threshold, self.schedule.threads],
+            "precision_reduce": self.precision_reduce,
+        }
