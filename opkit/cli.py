@@ -102,7 +102,7 @@ def _validated(op, result, revalidate: bool):
 def cmd_build(args) -> int:
     import opkit
     if args.isa:
-        os.environ["OPKIT_ISA"] = args.isa
+        opkit.configure(isa=args.isa)
     names = _targets(args.paths) if args.paths else opkit.list_ops()
     ops = [opkit.get(n) for n in names]
     progress = Progress(len(ops), quiet=args.quiet)

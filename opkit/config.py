@@ -30,9 +30,21 @@ def _check_threads(v: Any) -> int:
     return v
 
 
+def _default_isa() -> str:
+    return os.environ.get("OPKIT_ISA") or "native"
+
+
+def _check_isa(v: Any) -> str:
+    from .target import ISAS
+    if v not in ISAS:
+        raise ValueError(f"isa must be one of {', '.join(map(repr, ISAS))}, got {v!r}")
+    return v
+
+
 # name -> (default factory, checker)
 _SETTINGS = {
     "num_threads": (_default_threads, _check_threads),
+    "isa": (_default_isa, _check_isa),
 }
 _global: Dict[str, Any] = {}
 _context: contextvars.ContextVar = contextvars.ContextVar("opkit_config", default={})

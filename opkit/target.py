@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import platform
 from dataclasses import dataclass
 from typing import Tuple
@@ -46,10 +45,12 @@ def cpu_features() -> Tuple[str, ...]:
 
 
 def current(isa: str = "") -> Target:
-    """The target of this process: OPKIT_ISA (native | portable) or `isa`; native by default."""
-    isa = isa or os.environ.get("OPKIT_ISA", "native") or "native"
+    """The target for `isa`, or for the `isa` setting (OPKIT_ISA; native by default)."""
+    if not isa:
+        from .config import get
+        isa = get("isa")
     if isa not in ISAS:
-        raise ValueError(f"OPKIT_ISA must be one of {', '.join(ISAS)}, got {isa!r}")
+        raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {isa!r}")
     machine = platform.machine().lower()
     if isa == "portable":
         base = ("sse2",) if machine in ("x86_64", "amd64") else ()

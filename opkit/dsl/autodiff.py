@@ -5,7 +5,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from .ir import Node, const, topo_order
 from .library import LIBRARY, sum_to
-from .primitives import PRIMITIVES, add
+from .primitives import PRIMITIVES, add, deriving
 
 
 def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]:
@@ -14,6 +14,11 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
     Each result is reduced to its input's shape (`sum_to`), so the gradient of a broadcast input
     comes back in the input's own shape; an input nothing depends on gets zeros.
     """
+    with deriving():
+        return _vjp(outputs, wrt)
+
+
+def _vjp(outputs, wrt) -> List[Node]:
     ct: Dict[int, Node] = {}
     for out, g in outputs:
         ct[id(out)] = add(ct[id(out)], g) if id(out) in ct else g

@@ -7,7 +7,7 @@ from typing import Dict, Optional, Tuple
 from ..errors import SpecError
 from ..spec.model import LAYOUT_DIMS, OpSpec
 from .autodiff import vjp
-from .ir import Node, format_expr, topo_order
+from .ir import Node, format_expr, scope as ir_scope, topo_order
 from .library import LIBRARY, sum_to
 from .parse import FUNCTION_NAMES, Source, parse_expr
 
@@ -113,6 +113,11 @@ def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: D
 
 def build_graphs(spec: OpSpec) -> OpGraphs:
     """Parse forward (and backward) expressions; derive the backward graph; check both."""
+    with ir_scope():
+        return _build(spec)
+
+
+def _build(spec: OpSpec) -> OpGraphs:
     scope = _scope(spec)
     fixed = {i.name: "an input" for i in spec.inputs}
     fixed.update({a.name: "an attr" for a in spec.attrs})

@@ -6,9 +6,11 @@ hash is stable across runs (it feeds the build cache key).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import weakref
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..errors import Loc
 
@@ -17,22 +19,44 @@ from ..errors import Loc
 Dims = Optional[Tuple[str, ...]]
 
 
+# Nodes are interned per scope: one declaration's graphs share nodes (and so each node keeps the
+# source location where it was first written), while two declarations never do.
+_TABLE: contextvars.ContextVar = contextvars.ContextVar("opkit_nodes")
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[None]:
+    """A fresh interning table for building one operator's graphs."""
+    token = _TABLE.set(weakref.WeakValueDictionary())
+    try:
+        yield
+    finally:
+        _TABLE.reset(token)
+
+
+def _table() -> "weakref.WeakValueDictionary":
+    table = _TABLE.get(None)
+    if table is None:
+        table = weakref.WeakValueDictionary()
+        _TABLE.set(table)
+    return table
+
+
 class Node:
     __slots__ = ("op", "args", "params", "kind", "dims", "loc", "_digest", "__weakref__")
 
-    _table: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
-
     def __new__(cls, op: str, args: Tuple["Node", ...], params: tuple, kind: str, dims: Dims,
                 loc: Optional[Loc] = None):
+        table = _table()
         key = (op, tuple(id(a) for a in args), params, kind, dims)
-        node = cls._table.get(key)
+        node = table.get(key)
         if node is not None and node.args == args:
             return node
         node = object.__new__(cls)
         node.op, node.args, node.params, node.kind, node.dims = op, args, params, kind, dims
         node.loc = loc
         node._digest = None
-        cls._table[key] = node
+        table[key] = node
         return node
 
     # Interned: identity is equality. Keep Python's default __eq__/__hash__.
@@ -96,9 +120,10 @@ def topo_order(roots: Iterable[Node]) -> List[Node]:
     return order
 
 
-_INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
-          "gt": (">", 0), "ge": (">=", 0), "lt": ("<", 0), "le": ("<=", 0), "eq": ("==", 0),
-          "ne": ("!=", 0), "and": ("&", -1), "or": ("|", -2)}
+# Python's binding strengths: comparisons < | < & < + - < * / < unary < **
+_INFIX = {"gt": (">", 1), "ge": (">=", 1), "lt": ("<", 1), "le": ("<=", 1), "eq": ("==", 1),
+          "ne": ("!=", 1), "or": ("|", 2), "and": ("&", 3), "add": ("+", 4), "sub": ("-", 4),
+          "mul": ("*", 5), "div": ("/", 5)}
 
 
 def format_expr(node: Node, names: Optional[Dict[int, str]] = None, prec: int = -10) -> str:
@@ -115,17 +140,17 @@ def format_expr(node: Node, names: Optional[Dict[int, str]] = None, prec: int = 
         return repr(int(v)) if float(v).is_integer() and abs(v) < 1e15 else repr(v)
     if op in _INFIX:
         sym, p = _INFIX[op]
-        left = format_expr(node.args[0], names, p)
+        # comparisons do not chain in meaning here: parenthesize a comparison inside another
+        left = format_expr(node.args[0], names, p + (p == 1))
         right = format_expr(node.args[1], names, p + 1)
         text = f"{left} {sym} {right}"
         return f"({text})" if p < prec else text
-    if op == "neg":
-        text = "-" + format_expr(node.args[0], names, 3)
-        return f"({text})" if prec > 3 else text
-    if op == "not":
-        return "~" + format_expr(node.args[0], names, 3)
+    if op in ("neg", "not"):
+        text = ("-" if op == "neg" else "~") + format_expr(node.args[0], names, 6)
+        return f"({text})" if prec > 6 else text
     if op == "pow":
-        return f"{format_expr(node.args[0], names, 4)} ** {node.params[0]!r}"
+        text = f"{format_expr(node.args[0], names, 8)} ** {format_expr(node.args[1], names, 8)}"
+        return f"({text})" if prec > 7 else text
     args = [format_expr(a, names) for a in node.args]
     args += [_param_text(p) for p in node.params]
     return f"{op}({', '.join(args)})"

@@ -13,7 +13,7 @@ from typing import Callable, Dict, Optional
 
 from ..errors import Loc, SpecError
 from .ir import Node, const
-from .primitives import PRIMITIVES, apply
+from .primitives import apply
 
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
            ast.BitAnd: "and", ast.BitOr: "or"}
@@ -91,8 +91,7 @@ class _Parser:
         return value
 
     def build(self, prim: str, node: ast.AST, *args: Node) -> Node:
-        p = PRIMITIVES[prim]
-        return apply(prim, *args, loc=self.loc(node)) if p else None
+        return apply(prim, *args, loc=self.loc(node))
 
     # --- leaves
     def _Constant(self, node: ast.Constant) -> Node:
@@ -121,6 +120,10 @@ class _Parser:
             self.need(left, "float", node.left, "the base of **")
             if not right.is_const or right.kind != "float":
                 raise self.src.error("the exponent of ** must be a constant number", node.right)
+            if right.value == 0.0:
+                return const(1.0)  # as pow(x, 0) is 1 for every x, NaN included
+            if right.value == 1.0:
+                return left
             if right.value == 2.0:
                 return self.build("mul", node, left, left)
             return self.build("pow", node, left, right)

@@ -9,8 +9,10 @@ and the argument nodes, and return one cotangent node per argument (None: no gra
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -56,6 +58,21 @@ def _dims(args: Sequence[Node]) -> Dims:
 
 ZERO, ONE = const(0.0), const(1.0)
 
+# While a gradient is being derived, a where(c, g, 0) cotangent means "no gradient where the
+# branch is not taken": products may then be pushed into the taken branch (as PyTorch's
+# leaky_relu_backward computes where(x > 0, dy, dy * alpha)). In a forward expression the same
+# rewrite would turn NaN * 0 into 0, so there it is off.
+_DERIVING: contextvars.ContextVar = contextvars.ContextVar("opkit_deriving", default=False)
+
+
+@contextlib.contextmanager
+def deriving() -> Iterator[None]:
+    token = _DERIVING.set(True)
+    try:
+        yield
+    finally:
+        _DERIVING.reset(token)
+
 
 def apply(name: str, *args: Node, loc=None) -> Node:
     """Build `name(args)`, folding constants and applying exact algebraic rewrites."""
@@ -83,7 +100,7 @@ def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
             return a[1]
         # where(c, p, 0) + where(c, 0, q) -> where(c, p, q): the two branches of one select
         x, y = a
-        if x.op == y.op == "where" and x.args[0] is y.args[0]:
+        if _DERIVING.get() and x.op == y.op == "where" and x.args[0] is y.args[0]:
             if _is(x.args[2], 0.0) and _is(y.args[1], 0.0):
                 return apply("where", x.args[0], x.args[1], y.args[2])
             if _is(x.args[1], 0.0) and _is(y.args[2], 0.0):
@@ -104,17 +121,24 @@ def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
             return apply("neg", a[1])
         # s * where(c, p, 0) -> where(c, s * p, 0): no product where the branch is not taken
         for w, s in ((a[0], a[1]), (a[1], a[0])):
-            if w.op == "where":
+            if w.op == "where" and _DERIVING.get():
                 if _is(w.args[2], 0.0):
                     return apply("where", w.args[0], apply("mul", w.args[1], s), ZERO)
                 if _is(w.args[1], 0.0):
                     return apply("where", w.args[0], ZERO, apply("mul", w.args[2], s))
     if name == "div" and _is(a[1], 1.0):
         return a[0]
+    if name == "pow":
+        if _is(a[1], 0.0):
+            return ONE
+        if _is(a[1], 1.0):
+            return a[0]
+        if _is(a[1], 2.0):
+            return apply("mul", a[0], a[0])
     if name == "neg":
         if a[0].op == "neg":
             return a[0].args[0]
-        if a[0].op == "where" and (_is(a[0].args[1], 0.0) or _is(a[0].args[2], 0.0)):
+        if _DERIVING.get() and a[0].op == "where" and (_is(a[0].args[1], 0.0) or _is(a[0].args[2], 0.0)):
             w = a[0]
             return apply("where", w.args[0], apply("neg", w.args[1]), apply("neg", w.args[2]))
     if name == "where":

@@ -46,9 +46,9 @@ def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
     mat: Set[int] = set()
     for n in nodes:
         for a in n.args:
-            if not _computes(a):
-                continue
-            if n.op in LIBRARY or (_computes(n) and _smaller(a.dims, n.dims)):
+            if n.op in LIBRARY and a.op != "input" and a.op not in LIBRARY:
+                mat.add(id(a))  # a library call reads arrays: a constant becomes a filled one
+            elif _computes(a) and _computes(n) and _smaller(a.dims, n.dims):
                 mat.add(id(a))
 
     # the value id that holds each materialized node, input and library result
@@ -102,9 +102,9 @@ def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
     for n in nodes:
         if n.op in LIBRARY:
             steps.append((stage[id(n)], 1, n, None))
+    last = max(stage.values(), default=0) + 1
     for node, vid in copies:
-        st = stage.get(id(node), 0) + 1 if node.op != "input" else 1
-        steps.append((max(stage.values(), default=0) + 1, 2, [node], [vid]))
+        steps.append((last, 2, [node], [vid]))
 
     ordered = []
     k = 0
@@ -113,6 +113,12 @@ def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
             ordered.append(LibCall(f"{prefix}lib{len(ordered)}", what.op,
                                    tuple(holder[id(a)] for a in what.args), what.params,
                                    holder[id(what)]))
+        elif order == 2 and id(what[0]) in holder and what[0].op != "input":
+            # a second output with the value of an earlier one: copy it, do not recompute
+            src = holder[id(what[0])]
+            ordered.append(Kernel(f"{prefix}{k}", (src,), tuple(outs), (),
+                                  (Instr("v0", "load", ("0",), "float"),), ("v0",), schedule))
+            k += 1
         else:
             ordered.append(_kernel(f"{prefix}{k}", what, outs, holder, mat, schedule))
             k += 1

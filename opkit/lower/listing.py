@@ -41,16 +41,11 @@ def listing(kernel: Kernel, dtype: str) -> List[str]:
             continue
         p = PRIMITIVES[ins.op]
         args = [names.get(a, _operand(a)) for a in ins.args]
-        scalar = [a for a in ins.args if a.startswith(("@", "#"))]
         mnemonic = p.tbe
-        if scalar and p.tbe_scalar and len(ins.args) == 2:
-            mnemonic = p.tbe_scalar
-            vec = [names.get(a, a) for a in ins.args if not a.startswith(("@", "#"))]
-            args = vec + [_operand(s) for s in scalar]
-            if ins.op == "sub" and ins.args[1].startswith(("@", "#")):
-                args[-1] = "-" + args[-1]
+        if len(ins.args) == 2 and p.tbe_scalar:
+            mnemonic, args = _scalar_form(ins.op, p, ins.args, args)
         if ins.op == "neg":
-            args = args + ["#-1"]
+            mnemonic, args = "vmuls", args + ["#-1"]
         names[ins.dst] = ins.dst
         if mnemonic in TBE_EXPANSIONS:
             lines.extend(t.format(*args, d=ins.dst) for t in TBE_EXPANSIONS[mnemonic])
@@ -61,8 +56,35 @@ def listing(kernel: Kernel, dtype: str) -> List[str]:
         if st != ct:
             lines.append(f"vconv_{ct}2{st} {src}, {src}")
         lines.append(f"vst      gm.{display(out)}, {src}")
-    # name the SSA registers after what they hold where that is clearer
     return lines
+
+
+_SWAPPED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
+_COMMUTATIVE = ("add", "mul", "min", "max", "eq", "ne")
+
+
+def _negated(operand: str) -> str:
+    if operand.startswith("#"):
+        return "#" + repr(-float(operand[1:]))
+    return "-" + operand
+
+
+def _scalar_form(op: str, p, raw, args):
+    """The vector-scalar instruction (vmuls, vadds ...) when one operand is an attr or constant.
+
+    TBE's scalar forms take the scalar last: a scalar first operand is moved there when the
+    operation allows it (x - s becomes vadds x, -s), otherwise the vector form is listed."""
+    scalar = [a.startswith(("@", "#")) for a in raw]
+    if scalar == [False, True]:
+        if op == "sub":
+            return "vadds", [args[0], _negated(args[1])]
+        return p.tbe_scalar, args
+    if scalar == [True, False]:
+        if op in _COMMUTATIVE:
+            return p.tbe_scalar, [args[1], args[0]]
+        if op in _SWAPPED:
+            return PRIMITIVES[_SWAPPED[op]].tbe_scalar, [args[1], args[0]]
+    return p.tbe, args
 
 
 @dataclass(frozen=True)

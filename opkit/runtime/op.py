@@ -7,6 +7,8 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..build import BuildResult, build, toolchain
+from ..config import get as setting
+from ..target import current as current_target
 from ..codegen import render
 from ..dsl.graph import OpGraphs
 from ..errors import SpecError
@@ -57,11 +59,11 @@ class Op:
     # ------------------------------------------------------------------ pipeline
 
     def lowered(self, isa: str = "") -> Lowered:
-        tc_target = toolchain(isa).target if isa else _default_target()
+        target = current_target(isa)
         with self._lock:
-            if tc_target.isa not in self._lowered:
-                self._lowered[tc_target.isa] = lower(self.spec, self.graphs, tc_target)
-            return self._lowered[tc_target.isa]
+            if target.isa not in self._lowered:
+                self._lowered[target.isa] = lower(self.spec, self.graphs, target)
+            return self._lowered[target.isa]
 
     def source(self, isa: str = "") -> str:
         """The generated Cython module."""
@@ -79,14 +81,14 @@ class Op:
             return result
 
     def module(self, isa: str = ""):
-        """The loaded kernel module, built on first use."""
-        key = isa or _default_target().isa
+        """The loaded kernel module for `isa` (default: the isa setting), built on first use."""
+        key = isa or setting("isa")
         mod = self._modules.get(key)
         if mod is None:
             with self._lock:
                 mod = self._modules.get(key)
                 if mod is None:
-                    mod = self.build(isa=isa).load()
+                    mod = self.build(isa=key).load()
                     self._modules[key] = mod
         return mod
 
@@ -94,8 +96,8 @@ class Op:
 
     def _prepare_out(self, out, bound: Bound, where: str) -> Dict[str, np.ndarray]:
         outputs = self.spec.outputs
-        if isinstance(out, (tuple, list)):
-            outs = tuple(out)
+        if isinstance(out, tuple):
+            outs = out
         elif len(outputs) == 1:
             outs = (out,)
         else:
@@ -202,13 +204,3 @@ class Op:
         results = self._bwd.run(bound, self.module(), {}, dtypes, like)
         return tuple(results.get(f"d{n}") for n in self.spec.input_names)
 
-
-_TARGET = None
-
-
-def _default_target():
-    global _TARGET
-    if _TARGET is None:
-        from ..target import current
-        _TARGET = current()
-    return _TARGET

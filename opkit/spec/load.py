@@ -191,7 +191,7 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
     for name, child in node.value.items():
         where = f"attrs.{name}"
         _check_name(name, child.loc, "attrs", taken)
-        f = _Map(child, where, ("type", "default", "range", "null_means", "quantize"))
+        f = _Map(child, where, ("type", "default", "range", "null_means"))
         typ_node = f.need("type")
         if typ_node.value not in ATTR_TYPES:
             raise SpecError(f"{where}.type: expected one of {', '.join(ATTR_TYPES)}, got {_kind(typ_node.value)}",
@@ -205,14 +205,6 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
             if typ != "float":
                 raise SpecError(f"{where}.null_means: only float attrs can be null", f.get("null_means").loc)
             null_means = float(_number(f.get("null_means"), f"{where}.null_means"))
-        quantize = None
-        if f.get("quantize") is not None:
-            qn = f.get("quantize")
-            if typ != "float":
-                raise SpecError(f"{where}.quantize: only float attrs can be quantized", qn.loc)
-            quantize = int(_number(qn, f"{where}.quantize", integer=True))
-            if not 1 <= quantize <= 15:
-                raise SpecError(f"{where}.quantize: expected a bit count in 1..15, got {quantize}", qn.loc)
         dn = f.get("default")
         required = "default" not in child.value
         default = None
@@ -226,7 +218,7 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
                 if rng is not None and default not in rng:
                     raise SpecError(f"{where}.default: {default!r} is outside the range {rng}", dn.loc)
         taken[name.lower()] = "an attr"
-        specs.append(AttrSpec(name, typ, default, required, rng, null_means, quantize, child.loc))
+        specs.append(AttrSpec(name, typ, default, required, rng, null_means, child.loc))
     return tuple(specs)
 
 

@@ -1,6 +1,7 @@
 """The checked operator declaration: frozen dataclasses that keep their source locations."""
 from __future__ import annotations
 
+import ast
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
@@ -8,8 +9,7 @@ from typing import Optional, Tuple, Union
 from ..errors import Loc
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
-INT_DTYPES = ("int8", "int16", "int32")
-DTYPES = FLOAT_DTYPES + INT_DTYPES
+DTYPES = FLOAT_DTYPES
 LAYOUTS = ("ND", "NCHW", "NHWC")
 # The logical dims that a 4-d layout names, and their physical order in memory.
 LAYOUT_DIMS = {"NCHW": ("N", "C", "H", "W"), "NHWC": ("N", "C", "H", "W")}
@@ -19,6 +19,14 @@ ATTR_TYPES = ("float", "int", "bool")
 RESERVED_NAMES = ("out", "layout", "precision_mode", "clip", "self", "name", "spec", "backward")
 
 Scalar = Union[float, int, bool, None]
+
+
+def _expr_form(text: str) -> str:
+    """An expression's syntax tree as text: spacing and parentheses that change nothing vanish."""
+    try:
+        return ast.dump(ast.parse(text.strip().replace("\n", " "), mode="eval"))
+    except SyntaxError:
+        return text
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,6 @@ class AttrSpec:
     required: bool
     range: Optional[Interval]
     null_means: Optional[float]       # value a None (null) attr takes inside expressions
-    quantize: Optional[int]           # fixed-point bits for quantizable float attrs
     loc: Loc
 
     @property
@@ -155,10 +162,10 @@ class OpSpec:
                         list(i.shape) if i.shape else None, i.differentiable, list(i.domain)]
                        for i in self.inputs],
             "attrs": [[a.name, a.type, a.default, a.required, str(a.range) if a.range else None,
-                       a.null_means, a.quantize] for a in self.attrs],
+                       a.null_means] for a in self.attrs],
             "outputs": [[o.name, o.like] for o in self.outputs],
-            "forward": [[b.name, b.expr] for b in self.forward],
-            "backward": [[b.name, b.expr] for b in self.backward] if self.backward else None,
+            "forward": [[b.name, _expr_form(b.expr)] for b in self.forward],
+            "backward": [[b.name, _expr_form(b.expr)] for b in self.backward] if self.backward else None,
             "schedule": [list(map(list, self.schedule.inplace)), self.schedule.tile,
                          self.schedule.parallel_threshold, self.schedule.threads],
             "precision_reduce": self.precision_reduce,

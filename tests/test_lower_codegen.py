@@ -1,0 +1,467 @@
+"""Lowering (fused kernels, library calls, listings, costs) and Cython rendering, at source level.
+
+Nothing here compiles: the tests look at kernel plans and at the generated text.
+"""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opkit.codegen import render, template_digest
+from opkit.dsl import build_graphs
+from opkit.errors import SpecError
+from opkit.lower import Kernel, LibCall, cost, listing, lower
+from opkit.spec import load_spec, parse_spec
+from opkit.target import current
+
+REPO = Path(__file__).resolve().parent.parent
+LEAKY = REPO / "operators" / "leaky_relu.yaml"
+FLOATS = "{dtypes: [float32, float64]}"
+HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def decl(forward, inputs=("x",), attrs=None, outputs=None, name="t"):
+    """YAML text of an operator (see tests/test_dsl.py)."""
+    if isinstance(forward, str):
+        forward = {"y": forward}
+    lines = [f"name: {name}", "inputs:"]
+    for i in inputs:
+        iname, body = (i, FLOATS) if isinstance(i, str) else i
+        lines.append(f"  {iname}: {body}")
+    if attrs:
+        lines.append("attrs:")
+        lines += [f"  {k}: {v}" for k, v in attrs.items()]
+    lines.append("outputs:")
+    for o in outputs or [list(forward)[-1]]:
+        lines.append(f"  {o}: {{}}")
+    lines.append("forward:")
+    lines += [f"  {k}: {json.dumps(v)}" for k, v in forward.items()]
+    return "\n".join(lines) + "\n"
+
+
+def pipeline(text, file="t.yaml", isa=""):
+    spec = parse_spec(text, file)
+    graphs = build_graphs(spec)
+    target = current(isa)
+    return spec, graphs, lower(spec, graphs, target), target
+
+
+def build(forward, isa="", **kw):
+    return pipeline(decl(forward, **kw), isa=isa)
+
+
+def leaky(isa=""):
+    return pipeline(LEAKY.read_text(), str(LEAKY), isa)
+
+
+def source(spec, graphs, lowered, target):
+    return render(spec, graphs, lowered, target)
+
+
+def ops(kernel):
+    """The computing instructions of a kernel body (loads left out)."""
+    return [i.op for i in kernel.body if i.op != "load"]
+
+
+def starts(lines, mnemonic):
+    return [line for line in lines if line.split()[0] == mnemonic]
+
+
+def header(src):
+    """The annotation header: every line before the first line of code."""
+    lines = src.splitlines()
+    end = lines.index("# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True")
+    return lines[:end]
+
+
+# ------------------------------------------------------------------------------------ leaky_relu
+
+@pytest.mark.parametrize("isa", ["", "portable"])
+def test_leaky_relu_forward_is_one_kernel(isa):
+    spec, graphs, lowered, target = leaky(isa)
+    fwd = lowered.forward
+    assert len(fwd.steps) == 1
+    (k,) = fwd.steps
+    assert isinstance(k, Kernel)
+    assert k.inputs == ("in:x",) and k.outputs == ("out:y",)
+    assert k.attrs == ("alpha",)
+    assert ops(k) == ["gt", "mul", "where"]
+    assert [i.op for i in k.body].count("load") == 1
+    assert fwd.outputs == (("y", "out:y"),)
+    assert k.schedule.isa == target.isa == (isa or target.isa)
+    if isa == "portable":
+        assert k.schedule.vector_bytes == 16 and k.schedule.lanes(4) == 4
+
+
+@pytest.mark.parametrize("isa", ["", "portable"])
+def test_leaky_relu_backward_is_one_kernel_and_a_sum_to(isa):
+    _, _, lowered, _ = leaky(isa)
+    bwd = lowered.backward
+    assert [type(s) for s in bwd.steps] == [Kernel, LibCall]
+    k, call = bwd.steps
+    assert set(k.inputs) == {"in:x", "in:dy"}
+    assert ops(k) == ["gt", "mul", "where"]
+    assert call.prim == "sum_to" and call.params == ("x",)
+    assert call.args == k.outputs and call.result == "out:dx"
+    assert bwd.outputs == (("dx", "out:dx"),)
+    assert lowered.kernels == (lowered.forward.steps[0], k)
+
+
+@pytest.mark.parametrize("isa", ["", "portable"])
+def test_leaky_relu_listing(isa):
+    _, _, lowered, _ = leaky(isa)
+    k = lowered.forward.kernels[0]
+    f32 = listing(k, "float32")
+    assert f32[0].split() == ["vld", "x,", "gm.x"]
+    assert len(starts(f32, "vcmpgt")) == 1 and starts(f32, "vcmpgt")[0].endswith("x, #0.0")
+    assert len(starts(f32, "vmuls")) == 1 and "alpha" in starts(f32, "vmuls")[0]
+    assert len(starts(f32, "vsel")) == 1
+    assert f32[-1].startswith("vst") and "gm.y" in f32[-1]
+    assert not any(line.startswith("vconv") for line in f32)
+    assert listing(k, "float64") == f32
+
+    f16 = listing(k, "float16")
+    assert starts(f16, "vconv_f162f32") and starts(f16, "vconv_f322f16")
+    # converted once after the load and once before the store
+    assert f16.index(starts(f16, "vconv_f162f32")[0]) == 1
+    assert f16.index(starts(f16, "vconv_f322f16")[0]) == len(f16) - 2
+    assert f16[0].startswith("vld      x, gm.x") and f16[0].endswith("; f16")
+    assert starts(f16, "vcmpgt") == starts(f32, "vcmpgt") and starts(f16, "vsel") == starts(f32, "vsel")
+
+    b32 = listing(lowered.backward.kernels[0], "float32")
+    assert starts(b32, "vcmpgt") and starts(b32, "vmuls") and starts(b32, "vsel")
+    assert len(starts(b32, "vld")) == 2
+
+
+@pytest.mark.parametrize("isa", ["", "portable"])
+def test_leaky_relu_cost_is_memory_bound(isa):
+    _, _, lowered, target = leaky(isa)
+    k = lowered.forward.kernels[0]
+    c32 = cost(k, "float32")
+    assert c32.bound() == "memory"
+    assert "memory-bound" in str(c32)
+    assert c32.bytes_per_element == 8  # read x, write y
+    assert c32.lanes == target.vector_bytes // 4
+    assert c32.vector_ops == 3
+    c16 = cost(k, "float16")
+    assert c16.bytes_per_element == 4 and c16.vector_ops > c32.vector_ops
+    assert cost(k, "float64").bytes_per_element == 16
+
+
+def test_cost_of_heavy_math_is_compute_bound():
+    _, _, lowered, _ = build("tanh(sigmoid(x) * exp(x)) / sqrt(x * x + 1)")
+    assert cost(lowered.forward.kernels[0], "float32").bound() == "compute"
+
+
+# ------------------------------------------------------------------------------------ fusion
+
+def test_temporaries_fuse_into_one_kernel():
+    spec, graphs, lowered, _ = build({"t": "x * 2", "u": "exp(t) - w", "y": "u * t + w"},
+                                     inputs=("x", "w"))
+    assert len(lowered.forward.steps) == 1
+    (k,) = lowered.forward.steps
+    assert set(k.inputs) == {"in:x", "in:w"} and k.outputs == ("out:y",)
+    # t is computed once though used twice
+    assert ops(k).count("mul") == 2 and ops(k).count("exp") == 1
+    assert lowered.forward.temps == ()
+
+
+def test_shared_subexpression_of_two_outputs_is_computed_once():
+    spec, graphs, lowered, _ = build({"y1": "exp(x) + 1", "y2": "exp(x) * 2"},
+                                     outputs=["y1", "y2"])
+    assert len(lowered.forward.steps) == 1
+    (k,) = lowered.forward.steps
+    assert k.outputs == ("out:y1", "out:y2") and len(k.results) == 2
+    assert ops(k).count("exp") == 1
+    assert sorted(ops(k)) == ["add", "exp", "mul"]
+    lines = listing(k, "float32")
+    assert len(starts(lines, "vexp")) == 1 and len(starts(lines, "vst")) == 2
+
+
+def test_output_that_is_an_input_is_a_copy_kernel():
+    spec, graphs, lowered, _ = build({"z": "exp(x)", "y": "x"}, outputs=["z", "y"])
+    kernels = lowered.forward.kernels
+    copy = [k for k in kernels if k.outputs == ("out:y",)]
+    assert len(copy) == 1
+    (c,) = copy
+    assert c.inputs == ("in:x",) and ops(c) == []
+    assert [i.op for i in c.body] == ["load"] and c.results == (c.body[0].dst,)
+    assert listing(c, "float32") == ["vld      x, gm.x", "vst      gm.y, x"]
+    # alone, too
+    _, _, lowered, _ = build("x")
+    (k,) = lowered.forward.steps
+    assert k.inputs == ("in:x",) and k.outputs == ("out:y",) and ops(k) == []
+
+
+def test_value_on_fewer_dims_is_materialized_first():
+    spec, graphs, lowered, _ = build(
+        {"s": "sigmoid(b)", "y": "where(x > 0, x, s * x)"},
+        inputs=(("x", "{dtypes: [float32, float64], layouts: [NCHW, NHWC]}"),
+                ("b", "{dtypes: [float32, float64], shape: [N, C]}")))
+    steps = lowered.forward.steps
+    assert len(steps) == 2 and all(isinstance(s, Kernel) for s in steps)
+    small, big = steps
+    assert small.inputs == ("in:b",) and ops(small) == ["sigmoid"]
+    assert len(small.outputs) == 1 and small.outputs[0].startswith("tmp:")
+    assert set(big.inputs) == {"in:x", small.outputs[0]} and big.outputs == ("out:y",)
+    assert "sigmoid" not in ops(big) and ops(big) == ["gt", "mul", "where"]
+    assert lowered.forward.temps == small.outputs
+    # the backward sums the per-channel gradient back with a library call
+    calls = [s for s in lowered.backward.steps if isinstance(s, LibCall)]
+    assert sorted(c.params for c in calls) == [("b",), ("x",)]
+    assert all(isinstance(s, LibCall) for s in lowered.backward.steps[-2:])
+
+
+def test_value_on_the_same_dims_is_not_materialized():
+    spec, graphs, lowered, _ = build(
+        "where(x > 0, x, sigmoid(b) * x)",
+        inputs=(("x", "{dtypes: [float32, float64], layouts: [NCHW, NHWC]}"),
+                ("b", "{dtypes: [float32, float64], layouts: [NCHW, NHWC]}")))
+    assert len(lowered.forward.steps) == 1
+    assert "sigmoid" in ops(lowered.forward.steps[0])
+
+
+def test_lowering_an_op_with_an_unused_input():
+    spec, graphs, lowered, _ = build("x * 2", inputs=("x", "w"))
+    assert [n for n, _ in lowered.backward.outputs] == ["dx", "dw"]
+    # the zero gradient of w is a filled array reduced (expanded) to w's shape
+    fills = [k for k in lowered.backward.kernels if not k.inputs]
+    assert len(fills) == 1 and fills[0].results == ("#0.0",)
+
+
+# ------------------------------------------------------------------------------------ codegen
+
+def test_source_header_and_passes():
+    spec, graphs, lowered, target = leaky()
+    src = source(spec, graphs, lowered, target)
+    assert src.startswith("# @generated from templates/module.pyx.j2")
+    assert "do not edit" in src.splitlines()[0]
+    head = header(src)
+    assert "# forward:" in head
+    assert "#   y = where(x > 0, x, alpha * x)" in head
+    assert "# backward (derived):" in head
+    assert "#   dx = sum_to(where(x > 0, dy, dy * alpha), x)" in head
+    assert any(line.startswith("# target    ") and target.describe() in line for line in head)
+
+
+@pytest.mark.parametrize("isa", ["", "portable"])
+def test_source_has_listing_and_schedule_of_every_kernel(isa):
+    spec, graphs, lowered, target = leaky(isa)
+    src = source(spec, graphs, lowered, target)
+    head = header(src)
+    assert len(lowered.kernels) == 2
+    schedules = [line for line in head if line.startswith("#   schedule ")]
+    assert len(schedules) == len(lowered.kernels)
+    for k in lowered.kernels:
+        assert any(line.startswith(f"# kernel {k.name}: ") for line in head)
+        block = head[next(i for i, line in enumerate(head) if line.startswith(f"# kernel {k.name}: ")):]
+        sched = next(line for line in block if line.startswith("#   schedule "))
+        assert f"tile {k.schedule.tile} elements" in sched
+        assert f"{k.schedule.vector_bytes}-byte vectors" in sched and f"isa {target.isa}" in sched
+        for dt in spec.dtypes:
+            lines = listing(k, dt)
+            assert f"#   {dt}: {cost(k, dt)}" in head
+            for line in lines:
+                assert f"#     {line}" in head, (k.name, dt, line)
+
+
+def test_source_defines_kernel_functions_per_compute_type():
+    spec, graphs, lowered, target = leaky()
+    src = source(spec, graphs, lowered, target)
+    defs = re.findall(r"^def (\w+)\(", src, re.M)
+    assert defs == ["fwd0_f", "fwd0_d", "bwd0_f", "bwd0_d"]
+    assert 'KERNELS = ("fwd0_f", "fwd0_d", "bwd0_f", "bwd0_d", )' in src
+    assert re.search(r"^cdef inline void fwd0_f_tile\(.*\) noexcept nogil:$", src, re.M)
+    assert "cdef float a_alpha = ctx.a_alpha" in src
+    assert "cdef double a_alpha = ctx.a_alpha" in src
+
+
+@pytest.mark.parametrize("dtypes, defs", [
+    ("[float16]", ["fwd0_f", "bwd0_f"]),
+    ("[float16, float32]", ["fwd0_f", "bwd0_f"]),
+    ("[float64]", ["fwd0_d", "bwd0_d"]),
+])
+def test_functions_follow_the_dtypes(dtypes, defs):
+    spec, graphs, lowered, target = build("where(x > 0, x, 0.5 * x)",
+                                          inputs=(("x", f"{{dtypes: {dtypes}}}"),))
+    src = source(spec, graphs, lowered, target)
+    assert re.findall(r"^def (\w+)\(", src, re.M) == defs
+
+
+def test_rendering_is_deterministic():
+    a = source(*leaky())
+    b = source(*leaky())
+    assert a == b
+    spec, graphs, lowered, target = leaky()
+    assert source(spec, graphs, lowered, target) == source(spec, graphs, lowered, target)
+
+
+def test_rendering_is_the_same_in_another_process():
+    code = ("import sys; from opkit.spec import load_spec; from opkit.dsl import build_graphs; "
+            "from opkit.lower import lower; from opkit.target import current; "
+            "from opkit.codegen import render; s = load_spec(sys.argv[1]); g = build_graphs(s); "
+            "t = current('portable'); sys.stdout.write(render(s, g, lower(s, g, t), t))")
+    res = subprocess.run([sys.executable, "-c", code, str(LEAKY)], capture_output=True, text=True,
+                         check=True, cwd=str(REPO))
+    assert res.stdout == source(*leaky("portable"))
+
+
+def test_changed_expression_changes_the_source():
+    base = source(*build("where(x > 0, x, 0.2 * x)"))
+    changed = source(*build("where(x > 0, x, 0.3 * x)"))
+    assert base != changed
+    assert "(<float>0.3)" in changed and "(<float>0.3)" not in base
+    assert source(*build("where(x >= 0, x, 0.2 * x)")) != base
+    assert source(*build("where(x > 0, x, 0.2 * x)")) == base
+
+
+def test_yaml_comments_and_free_text_never_reach_the_source():
+    text = (
+        "# import os\n"
+        "name: t\n"
+        "summary: '\"\"\"; import os; os.system(\"echo pwned\") #'\n"
+        "inputs:\n"
+        "  x: {dtypes: [float32, float64]}   # import os\n"
+        "outputs:\n"
+        "  y: {}\n"
+        "forward:\n"
+        "  # __import__('os').system('true')\n"
+        "  y: where(x>0,x,0.25*x)   # import os\n"
+    )
+    spec, graphs, lowered, target = pipeline(text)
+    src = source(spec, graphs, lowered, target)
+    assert "import os" not in src
+    assert "os.system" not in src and "pwned" not in src and "__import__" not in src
+    # the expression is re-printed from the graph, not copied
+    assert "x>0" not in src and "#   y = where(x > 0, x, 0.25 * x)" in header(src)
+
+
+ODD_NAMES = [
+    'we"ird\nname\'s\\op.yaml',
+    "tab\there\rcr\u2028ls\u0085nel\u202eltr.yaml",
+    "'''\n\"\"\"\nimport os\n.yaml",
+]
+
+
+def _check_printable_header(src, spec):
+    head = header(src)
+    assert head[-1] == ""
+    for line in head[:-1]:
+        assert line.startswith("#"), line
+        assert line.isprintable(), repr(line)
+        assert not set(line) & set("\"'\\"), repr(line)
+    declared = next(line for line in head if line.startswith("# operator "))
+    assert declared.startswith("# operator  t  declared in ")
+    # comments after code lines name the file too
+    for line in src.splitlines():
+        if "  # " in line and not line.lstrip().startswith("#"):
+            tail = line.split("  # ", 1)[1]
+            assert tail.isprintable() and not set(tail) & set("\"'\\"), repr(line)
+    # the body still has the code it should have
+    assert len(re.findall(r"^def \w+\(", src, re.M)) == 4
+
+
+@pytest.mark.parametrize("odd", ODD_NAMES)
+def test_odd_file_names_are_made_printable(odd, tmp_path):
+    text = decl("where(x > 0, x, 0.5 * x)")
+    try:
+        path = tmp_path / odd
+        path.write_text(text)
+    except (OSError, ValueError):
+        pytest.skip("the file system does not allow this name")
+    spec = load_spec(path)
+    assert spec.file == str(path)
+    graphs = build_graphs(spec)
+    target = current()
+    src = render(spec, graphs, lower(spec, graphs, target), target)
+    _check_printable_header(src, spec)
+    # each odd character stands as a "?"; the rest of the name is kept
+    shown = "".join(c if c.isprintable() and c not in "\"'\\" else "?" for c in str(path))
+    assert f"# operator  t  declared in {shown}" in header(src)
+    assert shown.count("?") >= 3
+
+
+@pytest.mark.parametrize("odd", ODD_NAMES)
+def test_odd_spec_names_are_made_printable(odd):
+    spec, graphs, lowered, target = pipeline(decl("where(x > 0, x, 0.5 * x)"), file=odd)
+    _check_printable_header(source(spec, graphs, lowered, target), spec)
+
+
+def test_constants_render_typed():
+    spec, graphs, lowered, target = build("where(x > 0, x, 0.2 * x)")
+    src = source(spec, graphs, lowered, target)
+    assert "(<float>0.2)" in src and "(<double>0.2)" in src
+    assert "(<float>0.0)" in src
+    body = [line for line in src.splitlines() if line.startswith("        v")]
+    assert any(re.search(r"\(<float>0\.2\)", line) for line in body)
+    # numbers appear typed wherever they are code
+    assert not any(re.search(r"[^>\w.]0\.2\b", line.split("  #")[0]) for line in body)
+
+
+def test_infinity_renders_as_INFINITY():
+    spec, graphs, lowered, target = build("min(x, inf) + max(x, -inf)")
+    src = source(spec, graphs, lowered, target)
+    assert "(<float>INFINITY)" in src and "(<double>INFINITY)" in src
+    assert "(<float>-INFINITY)" in src and "(<double>-INFINITY)" in src
+    code = [line.split("  #")[0] for line in src.splitlines() if line.startswith("        v")]
+    assert not any(re.search(r"\binf\b", line) for line in code)
+
+
+def test_nan_constant_renders_as_NAN():
+    spec, graphs, lowered, target = build("x + (inf - inf)")
+    src = source(spec, graphs, lowered, target)
+    assert "(<float>NAN)" in src and "(<double>NAN)" in src
+
+
+def test_body_lines_point_at_the_declaration_lines():
+    first = decl("exp(x) * 3")
+    # the same expression three lines further down in another declaration
+    second = first.replace("forward:\n", "forward:\n\n\n\n")
+    spec1, graphs1, lowered1, target = pipeline(first, file="first.yaml")
+    spec2, graphs2, lowered2, _ = pipeline(second, file="second.yaml")
+    line1 = spec1.forward[0].loc.line
+    line2 = spec2.forward[0].loc.line
+    assert line2 == line1 + 3
+    src1 = source(spec1, graphs1, lowered1, target)
+    src2 = source(spec2, graphs2, lowered2, target)
+    assert f"# kernel fwd0: forward, writes y  (from first.yaml line {line1})" in src1
+    assert f"# kernel fwd0: forward, writes y  (from second.yaml line {line2})" in src2
+    assert f"  # second.yaml:{line2}" in src2 and f"  # second.yaml:{line1}" not in src2
+
+
+def test_template_digest():
+    d = template_digest()
+    assert HEX64.match(d)
+    assert template_digest() == d
+    res = subprocess.run([sys.executable, "-c",
+                          "from opkit.codegen import template_digest; print(template_digest())"],
+                         capture_output=True, text=True, check=True, cwd=str(REPO))
+    assert res.stdout.strip() == d
+
+
+# ------------------------------------------------------------------------------------ known bugs
+
+def test_render_of_a_power():
+    spec, graphs, lowered, target = build("x ** 3")
+    src = source(spec, graphs, lowered, target)
+    assert "powf(v0, (<float>3.0))" in src
+
+
+def test_integer_dtypes_are_refused_clearly():
+    with pytest.raises(SpecError, match=r"'int32' is not one of: float16, float32, float64"):
+        build("where(x > 0, x, 0.5 * x)", inputs=(("x", "{dtypes: [float32, int32]}"),))
+
+
+@pytest.mark.parametrize("text, right", [
+    ("1 - x", "vsub     v1, #1.0, x"),
+    ("2 / x", "vdiv     v1, #2.0, x"),
+    ("where(0 < x, x, 0)", "vcmpgt   v1, x, #0.0"),   # 0 < x is x > 0
+    ("x - 1", "vadds    v1, x, #-1.0"),
+    ("3 * x", "vmuls    v1, x, #3.0"),
+])
+def test_listing_of_scalar_operands(text, right):
+    _, _, lowered, _ = build(text)
+    assert right in listing(lowered.forward.kernels[0], "float32")
