@@ -103,7 +103,7 @@ def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: D
         if b.name in FUNCTION_NAMES:
             raise SpecError(f"{section}.{b.name}: {b.name!r} is the name of a function of the "
                             "expression language; pick another name", b.name_loc)
-        src = Source(b.expr, b.loc, f"{section}.{b.name}")
+        src = Source(b.expr, b.loc, f"{section}.{b.name}", b.pieces)
         node = parse_expr(src, scope)
         _check_dims(spec, node, src)
         scope[b.name] = node
@@ -167,9 +167,9 @@ def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff):
             _bind(spec, "backward", [b], bscope, bfixed)
             continue
         if b.name not in diff:
-            raise SpecError(f"backward.{b.name}: input {b.name!r} is not differentiable (its "
-                            "dtypes are not floats or it says differentiable: false)", b.name_loc)
-        src = Source(b.expr, b.loc, f"backward.{b.name}")
+            raise SpecError(f"backward.{b.name}: input {b.name!r} is declared differentiable: false, "
+                            "so it takes no gradient", b.name_loc)
+        src = Source(b.expr, b.loc, f"backward.{b.name}", b.pieces)
         node = parse_expr(src, bscope)
         _check_dims(spec, node, src)
         if node.kind != "float":

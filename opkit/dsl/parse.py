@@ -48,21 +48,21 @@ class Source:
 
     text: str
     loc: Loc
-    what: str  # e.g. "forward.y"
+    what: str           # e.g. "forward.y"
+    pieces: tuple = ()  # (text offset, line, col) where each source line of the text begins
+
+    def position(self, offset: int) -> Loc:
+        if not self.pieces:
+            return Loc(self.loc.file, self.loc.line, self.loc.col + offset)
+        start, line, col = max((p for p in self.pieces if p[0] <= offset), default=self.pieces[0])
+        return Loc(self.loc.file, line, col + max(offset - start, 0))
 
     def error(self, message: str, node: Optional[ast.AST] = None) -> SpecError:
-        line, col = self.loc.line, self.loc.col
-        caret_line = self.text.splitlines()[0] if self.text else ""
-        caret_col = 0
-        if node is not None and hasattr(node, "col_offset"):
-            lines = self.text.splitlines() or [""]
-            lineno = getattr(node, "lineno", 1)
-            caret_line = lines[min(lineno, len(lines)) - 1]
-            caret_col = node.col_offset
-            line += lineno - 1
-            col = (col if lineno == 1 else 1) + caret_col
-        excerpt = f"    {caret_line}\n    {' ' * caret_col}^"
-        return SpecError(f"{self.what}: {message}", Loc(self.loc.file, line, col), excerpt)
+        # the text is parsed as one line (line breaks become spaces), so col_offset is an offset
+        offset = getattr(node, "col_offset", 0) if node is not None else 0
+        flat = self.text.replace("\n", " ")
+        excerpt = f"    {flat}\n    {' ' * offset}^"
+        return SpecError(f"{self.what}: {message}", self.position(offset), excerpt)
 
 
 class _Parser:
@@ -78,8 +78,7 @@ class _Parser:
         return method(node)
 
     def loc(self, node: ast.AST) -> Loc:
-        return Loc(self.src.loc.file, self.src.loc.line + getattr(node, "lineno", 1) - 1,
-                   self.src.loc.col + getattr(node, "col_offset", 0))
+        return self.src.position(getattr(node, "col_offset", 0))
 
     def need(self, value: Node, kind: str, node: ast.AST, role: str) -> Node:
         if value.kind != kind:
@@ -132,6 +131,9 @@ class _Parser:
             raise self.src.error(f"the operator {_describe(node.op)} is not supported", node)
         kind = "bool" if prim in ("and", "or") else "float"
         role = "each side of & and |" if kind == "bool" else f"each side of {_symbol(node.op)}"
+        if kind == "bool" and "float" in (left.kind, right.kind):
+            raise self.src.error("each side of & and | must be a true/false condition; & and | bind "
+                                 "tighter than comparisons, so write (x > 0) & (x < 1)", node)
         self.need(left, kind, node.left, role)
         self.need(right, kind, node.right, role)
         return self.build(prim, node, left, right)
@@ -234,13 +236,14 @@ def _symbol(op) -> str:
 
 def parse_expr(src: Source, names: Dict[str, Node]) -> Node:
     """Parse one expression; `names` maps the names in scope to their nodes."""
-    text = src.text.strip()
-    if not text:
+    if not src.text.strip():
         raise src.error("the expression is empty")
+    # one line, same length: a character offset is a column and maps back through src.pieces
+    flat = src.text.replace("\n", " ").rstrip()
     try:
-        tree = ast.parse(text.replace("\n", " "), mode="eval")
+        tree = ast.parse(flat, mode="eval")
     except SyntaxError as exc:
         fake = ast.Constant(0)
         fake.lineno, fake.col_offset = 1, max((exc.offset or 1) - 1, 0)
         raise src.error(f"syntax error: {exc.msg}", fake) from None
-    return _Parser(Source(text.replace("\n", " "), src.loc, src.what), names, {}).expr(tree.body)
+    return _Parser(src, names, {}).expr(tree.body)

@@ -41,7 +41,7 @@ class _Map:
             if key not in allowed:
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of: {', '.join(allowed)}"
-                raise SpecError(f"{where}: unknown key {key!r}{hint}", child.loc)
+                raise SpecError(f"{where}: unknown key {key!r}{hint}", node.key_loc(key))
 
     def get(self, key: str) -> Optional[YNode]:
         return self.node.value.get(key)
@@ -121,6 +121,8 @@ def _interval(node: YNode, where: str) -> Interval:
                         f"got {_kind(node.value)}", node.loc)
     if math.isnan(iv.low) or math.isnan(iv.high) or iv.low > iv.high:
         raise SpecError(f"{where}: expected low <= high, got {iv}", node.loc)
+    if iv.low == iv.high and (iv.low_open or iv.high_open):
+        raise SpecError(f"{where}: the interval {iv} holds no value; close it or widen it", node.loc)
     return iv
 
 
@@ -138,7 +140,7 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
     specs = []
     for name, child in node.value.items():
         where = f"inputs.{name}"
-        _check_name(name, child.loc, "inputs", taken)
+        _check_name(name, node.key_loc(name), "inputs", taken)
         f = _Map(child, where, ("dtypes", "layouts", "shape", "differentiable", "domain"))
         dtypes = _choices(f.need("dtypes"), f"{where}.dtypes", DTYPES)
         layouts_node = f.get("layouts")
@@ -168,7 +170,7 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
             domain = (iv.low, iv.high)
         taken[name.lower()] = "an input"
         specs.append(InputSpec(name, dtypes, layouts, layouts_node is not None, shape,
-                               differentiable, domain, child.loc))
+                               differentiable, domain, node.key_loc(name)))
     if not specs:
         raise SpecError("inputs: declare at least one input", m.node.loc)
     return tuple(specs)
@@ -180,7 +182,10 @@ def _attr_value(node: YNode, where: str, typ: str):
         return _bool(node, where)
     if typ == "int":
         return int(_number(node, where, integer=True))
-    return float(_number(node, where))
+    v = float(_number(node, where))
+    if math.isnan(v):
+        raise SpecError(f"{where}: expected a number, got nan", node.loc)
+    return v
 
 
 def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]:
@@ -190,7 +195,7 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
     specs = []
     for name, child in node.value.items():
         where = f"attrs.{name}"
-        _check_name(name, child.loc, "attrs", taken)
+        _check_name(name, node.key_loc(name), "attrs", taken)
         f = _Map(child, where, ("type", "default", "range", "null_means"))
         typ_node = f.need("type")
         if typ_node.value not in ATTR_TYPES:
@@ -218,7 +223,7 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
                 if rng is not None and default not in rng:
                     raise SpecError(f"{where}.default: {default!r} is outside the range {rng}", dn.loc)
         taken[name.lower()] = "an attr"
-        specs.append(AttrSpec(name, typ, default, required, rng, null_means, child.loc))
+        specs.append(AttrSpec(name, typ, default, required, rng, null_means, node.key_loc(name)))
     return tuple(specs)
 
 
@@ -227,7 +232,7 @@ def _outputs(node: YNode, taken: Dict[str, str], inputs: Tuple[InputSpec, ...]) 
     specs = []
     for name, child in node.value.items():
         where = f"outputs.{name}"
-        _check_name(name, child.loc, "outputs", taken)
+        _check_name(name, node.key_loc(name), "outputs", taken)
         like = None
         if child.value is not None:
             f = _Map(child, where, ("like",))
@@ -238,7 +243,7 @@ def _outputs(node: YNode, taken: Dict[str, str], inputs: Tuple[InputSpec, ...]) 
                     raise SpecError(f"{where}.like: {like!r} is not an input; expected one of: "
                                     f"{', '.join(i.name for i in inputs)}", ln.loc)
         taken[name.lower()] = "an output"
-        specs.append(OutputSpec(name, like, child.loc))
+        specs.append(OutputSpec(name, like, node.key_loc(name)))
     if not specs:
         raise SpecError("outputs: declare at least one output", node.loc)
     return tuple(specs)
@@ -248,12 +253,16 @@ def _bindings(node: YNode, section: str) -> Tuple[Binding, ...]:
     _Map(node, section, None)
     out = []
     for name, child in node.value.items():
-        _ident(name, child.loc, section)
+        _ident(name, node.key_loc(name), section)
         if isinstance(child.value, bool) or not isinstance(child.value, (str, int, float)):
-            raise SpecError(f"{section}.{name}: expected an expression, got {_kind(child.value)}", child.loc)
+            hint = ""
+            if child.value is None:
+                hint = ("; inside {...} commas separate entries, so quote the expression or give "
+                        "each line its own `name: expression` row")
+            raise SpecError(f"{section}.{name}: expected an expression, got {_kind(child.value)}{hint}",
+                            node.key_loc(name))
         text = child.value if isinstance(child.value, str) else repr(child.value)
-        # the key's own location: the line above the value for block scalars, same line otherwise
-        out.append(Binding(name, text, child.loc, child.loc))
+        out.append(Binding(name, text, child.loc, node.key_loc(name), child.pieces))
     if not out:
         raise SpecError(f"{section}: give at least one `name: expression` line", node.loc)
     return tuple(out)
@@ -292,8 +301,7 @@ def _schedule(node: Optional[YNode], inputs, outputs) -> ScheduleSpec:
                         positive("threads", 1, 1024), node.loc)
 
 
-_TOP_KEYS = ("name", "summary", "inputs", "attrs", "outputs", "forward", "backward", "schedule",
-             "precision_reduce")
+_TOP_KEYS = ("name", "summary", "inputs", "attrs", "outputs", "forward", "backward", "schedule")
 
 
 def parse_spec(text: str, file: str) -> OpSpec:
@@ -318,13 +326,11 @@ def parse_spec(text: str, file: str) -> OpSpec:
     forward = _bindings(top.need("forward"), "forward")
     backward = _bindings(top.get("backward"), "backward") if top.get("backward") is not None else None
     schedule = _schedule(top.get("schedule"), inputs, outputs)
-    pr = top.get("precision_reduce")
-    precision_reduce = _bool(pr, "precision_reduce") if pr is not None else True
     spec = OpSpec(name, summary, inputs, attrs, outputs, forward, backward, schedule,
-                  precision_reduce, file, root.loc, text)
+                  file, root.loc, text)
     if not spec.dtypes:
         raise SpecError("inputs: the inputs share no dtype, so no kernel can be compiled; "
-                        "give every input at least one common dtype", root.loc)
+                        "give every input at least one common dtype", root.key_loc("inputs"))
     return spec
 
 

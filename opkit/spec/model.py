@@ -93,6 +93,7 @@ class Binding:
     expr: str
     loc: Loc          # where the expression text starts
     name_loc: Loc     # where the name is written
+    pieces: tuple = ()  # (text offset, line, col) of each source line of the expression
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,6 @@ class OpSpec:
     forward: Tuple[Binding, ...]
     backward: Optional[Tuple[Binding, ...]]
     schedule: ScheduleSpec
-    precision_reduce: bool
     file: str
     loc: Loc
     source: str = field(repr=False, compare=False, default="")  # the file's text, for `opkit show`
@@ -168,5 +168,4 @@ class OpSpec:
             "backward": [[b.name, _expr_form(b.expr)] for b in self.backward] if self.backward else None,
             "schedule": [list(map(list, self.schedule.inplace)), self.schedule.tile,
                          self.schedule.parallel_threshold, self.schedule.threads],
-            "precision_reduce": self.precision_reduce,
         }

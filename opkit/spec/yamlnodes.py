@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, List, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple, Union
 
 import yaml
 
@@ -27,13 +27,29 @@ _SPECIAL_FLOATS = {
 }
 
 
+# (offset in the scalar's text, line, column) where each source line of a scalar begins
+Pieces = Tuple[Tuple[int, int, int], ...]
+
+
 @dataclass(frozen=True)
 class YNode:
     """One YAML value with its location. `value` is a dict of YNode, a list of YNode or a scalar."""
 
     value: Union[Dict[str, "YNode"], List["YNode"], str, int, float, bool, None]
-    loc: Loc
-    quoted: bool = False  # a quoted scalar is always a string
+    loc: Loc                                          # where the value's text starts
+    quoted: bool = False                              # a quoted scalar is always a string
+    keys: Dict[str, Loc] = field(default_factory=dict)  # a mapping's keys and where they are
+    pieces: Pieces = ()                               # a scalar's text positions, line by line
+
+    def key_loc(self, key: str) -> Loc:
+        return self.keys.get(key, self.loc)
+
+    def position(self, offset: int) -> Loc:
+        """Where character `offset` of a scalar's text is in the file."""
+        if not self.pieces:
+            return Loc(self.loc.file, self.loc.line, self.loc.col + offset)
+        start, line, col = max((p for p in self.pieces if p[0] <= offset), default=self.pieces[0])
+        return Loc(self.loc.file, line, col + max(offset - start, 0))
 
     def plain(self) -> Any:
         """The value with locations stripped (for canonical hashing and display)."""
@@ -44,7 +60,7 @@ class YNode:
         return self.value
 
 
-def _loc(node: yaml.Node, file: str) -> Loc:
+def _loc(node: yaml.Node, file: str) -> Loc:  # noqa: D401
     return Loc(file, node.start_mark.line + 1, node.start_mark.column + 1)
 
 
@@ -67,33 +83,83 @@ def _scalar(text: str, quoted: bool) -> Any:
     return text
 
 
-def _convert(node: yaml.Node, file: str, depth: int = 0) -> YNode:
-    loc = _loc(node, file)
-    if depth > 50:
-        raise SpecError("the document nests deeper than 50 levels", loc)
-    if node.tag not in _ALLOWED_TAGS:
-        raise SpecError(
-            f"YAML tag {node.tag!r} is not allowed; declarations use plain maps, lists, "
-            "strings and numbers", loc)
-    if isinstance(node, yaml.MappingNode):
-        out: Dict[str, YNode] = {}
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
-                raise SpecError("a mapping key must be a plain name", _loc(key_node, file))
-            key = key_node.value
-            if key == "<<":
-                raise SpecError("YAML merge keys (<<) are not supported; write the keys out",
-                                _loc(key_node, file))
-            if key in out:
-                first = out[key].loc.line
-                raise SpecError(f"duplicate key {key!r} (first given on line {first})",
-                                _loc(key_node, file))
-            out[key] = _convert(value_node, file, depth + 1)
-        return YNode(out, loc)
-    if isinstance(node, yaml.SequenceNode):
-        return YNode([_convert(v, file, depth + 1) for v in node.value], loc)
-    quoted = node.style in ("'", '"', "|", ">")
-    return YNode(_scalar(node.value, quoted), loc, quoted)
+def _pieces(node: yaml.ScalarNode, lines: List[str]) -> Pieces:
+    """Map a scalar's (folded) text back to source lines: each line break of a plain, quoted or
+    block scalar is one character of its text (a space or a newline)."""
+    first, col = node.start_mark.line, node.start_mark.column
+    last = node.end_mark.line
+    if node.style in ("|", ">"):
+        stop = min(last if node.end_mark.column == 0 else last + 1, len(lines))
+        body = [i for i in range(first + 1, stop) if lines[i].strip()]
+        if not body:
+            return ()
+        indent = len(lines[body[0]]) - len(lines[body[0]].lstrip())
+        out, offset = [], 0
+        for i in range(first + 1, stop):
+            if i > body[-1]:
+                break
+            out.append((offset, i + 1, indent + 1))
+            offset += len(lines[i][indent:].rstrip()) + 1
+        return tuple(out)
+    skip = 1 if node.style in ("'", '"') else 0
+    out = [(0, first + 1, col + 1 + skip)]
+    offset = len(lines[first][col + skip:].rstrip()) + 1 if first < len(lines) else 0
+    for i in range(first + 1, min(last + 1, len(lines))):
+        stripped = lines[i].lstrip()
+        if not stripped:
+            continue
+        out.append((offset, i + 1, len(lines[i]) - len(stripped) + 1))
+        offset += len(stripped.rstrip()) + 1
+    return tuple(out)
+
+
+class _Converter:
+    def __init__(self, text: str, file: str):
+        self.text, self.file = text, file
+        self.lines = text.splitlines()
+        self.seen: set = set()
+
+    def loc(self, node: yaml.Node) -> Loc:
+        return _loc(node, self.file)
+
+    def convert(self, node: yaml.Node, depth: int = 0) -> YNode:
+        loc = self.loc(node)
+        if depth > 50:
+            raise SpecError("the document nests deeper than 50 levels", loc)
+        if id(node) in self.seen and not isinstance(node, yaml.ScalarNode) or \
+                self.text[node.start_mark.index:node.start_mark.index + 1] == "*":
+            raise SpecError("YAML aliases (*name) are not supported; write the value out", loc)
+        self.seen.add(id(node))
+        if self.text[node.start_mark.index:node.start_mark.index + 1] in ("!", "&"):
+            what = "tags (!...)" if self.text[node.start_mark.index] == "!" else "anchors (&name)"
+            raise SpecError(f"YAML {what} are not supported; declarations use plain maps, lists, "
+                            "strings and numbers (quote a value to make it a string)", loc)
+        if node.tag not in _ALLOWED_TAGS:
+            raise SpecError(f"YAML tag {node.tag!r} is not allowed; declarations use plain maps, "
+                            "lists, strings and numbers", loc)
+        if isinstance(node, yaml.MappingNode):
+            out: Dict[str, YNode] = {}
+            keys: Dict[str, Loc] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise SpecError("a mapping key must be a plain name", self.loc(key_node))
+                key = key_node.value
+                if key == "<<":
+                    raise SpecError("YAML merge keys (<<) are not supported; write the keys out",
+                                    self.loc(key_node))
+                if key in out:
+                    raise SpecError(f"duplicate key {key!r} (first given on line {keys[key].line})",
+                                    self.loc(key_node))
+                keys[key] = self.loc(key_node)
+                out[key] = self.convert(value_node, depth + 1)
+            return YNode(out, loc, keys=keys)
+        if isinstance(node, yaml.SequenceNode):
+            return YNode([self.convert(v, depth + 1) for v in node.value], loc)
+        quoted = node.style in ("'", '"', "|", ">")
+        pieces = _pieces(node, self.lines)
+        if pieces:
+            loc = Loc(self.file, pieces[0][1], pieces[0][2])
+        return YNode(_scalar(node.value, quoted), loc, quoted, pieces=pieces)
 
 
 def load_yaml(text: str, file: str) -> YNode:
@@ -105,11 +171,17 @@ def load_yaml(text: str, file: str) -> YNode:
         finally:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        # "while scanning a quoted scalar" (context, where it began) + "found ..." (problem)
+        ctx, cm, pm = exc.context, exc.context_mark, exc.problem_mark
+        mark = cm if cm is not None and pm is not None and pm.index >= len(text.rstrip()) else (pm or cm)
         loc = Loc(file, mark.line + 1, mark.column + 1) if mark else Loc(file, 1)
-        raise SpecError(f"invalid YAML: {exc.problem or exc.context}", loc) from None
+        detail = exc.problem or ""
+        if ctx:
+            where = f" (line {cm.line + 1})" if cm is not None and mark is not cm else ""
+            detail = f"{ctx}{where}: {detail}" if detail else ctx
+        raise SpecError(f"invalid YAML: {detail}", loc) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"invalid YAML: {exc}", Loc(file, 1)) from None
-    if root is None:
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.value.strip() in ("", "~", "null")):
         raise SpecError("the file is empty; an operator declaration is a YAML mapping", Loc(file, 1))
-    return _convert(root, file)
+    return _Converter(text, file).convert(root)

@@ -359,31 +359,54 @@ def _stable(op, base, dirs, attrs, layout, h) -> bool:
     return all(np.array_equal(a, b) for a, b in zip(*masks))
 
 
+def attr_samples(spec: OpSpec, rng, count: int = 2) -> List[Dict[str, object]]:
+    """The defaults, then `count` random points inside each attr's range."""
+    samples = [default_attrs(spec)]
+    for _ in range(count):
+        attrs = {}
+        for a in spec.attrs:
+            lo, hi = (a.range.low, a.range.high) if a.range else (-2.0, 2.0)
+            lo, hi = max(lo, -4.0), min(hi, 4.0)
+            if a.type == "bool":
+                attrs[a.name] = bool(rng.integers(2))
+            elif a.type == "int":
+                attrs[a.name] = int(rng.integers(int(math.ceil(lo)), int(math.floor(hi)) + 1)) \
+                    if math.floor(hi) >= math.ceil(lo) else default_attrs(spec)[a.name]
+            else:
+                v = float(rng.uniform(lo, hi)) if hi > lo else lo
+                attrs[a.name] = v if a.range is None or v in a.range else default_attrs(spec)[a.name]
+        samples.append(attrs)
+    return samples
+
+
 def check_declared_backward(spec: OpSpec, graphs: OpGraphs, seed: int = 0) -> None:
-    """A hand-written backward must agree with the derived one (away from kinks)."""
+    """A hand-written backward must agree with the derived one (away from kinks), at the attrs'
+    defaults and at random values inside their ranges."""
+    from ..dsl.ir import format_expr
     rng = np.random.default_rng(seed)
-    attrs = default_attrs(spec)
-    for case in make_cases(spec, rng, special=False)[:12]:
-        if min((v.size for v in case.arrays.values()), default=0) == 0:
-            continue
-        inputs = {k: v for k, v in case.arrays.items()}
-        given = {**inputs, **attrs}
-        bound = bind(spec, given, case.layout, spec.name)
-        extra = [(f"d{o.name}", rng.uniform(-1, 1, bound.outputs[o.name][1]), o.name)
-                 for o in spec.outputs]
-        bbound = bind(spec, given, case.layout, spec.name, extra)
-        got = evaluate(graphs.backward, bbound.values, bbound.attrs)
-        want = evaluate(graphs.derived, bbound.values, bbound.attrs)
-        for b in spec.backward:
-            if b.name not in want:
-                continue
-            a, e = got[b.name][0], want[b.name][0]
-            a, e = np.broadcast_arrays(a, e)
-            bad = ~np.isclose(a, e, rtol=1e-9, atol=1e-12, equal_nan=True)
-            if bad.any():
-                i = tuple(np.argwhere(bad)[0])
-                derived = next(g for n, g in graphs.derived.outputs if n == b.name)
-                from ..dsl.ir import format_expr
-                raise SpecError(f"backward.{b.name}: the hand-written gradient disagrees with the one "
-                                f"derived from forward ({case.label} case: got {a[i]!r}, derived "
-                                f"{e[i]!r}); the derived gradient is {format_expr(derived)}", b.loc)
+    cases = [c for c in make_cases(spec, rng, special=False)[:12]
+             if min((v.size for v in c.arrays.values()), default=0) > 0]
+    for attrs in attr_samples(spec, rng):
+        for case in cases:
+            given = {**case.arrays, **attrs}
+            bound = bind(spec, given, case.layout, spec.name)
+            extra = [(f"d{o.name}", rng.uniform(-1, 1, bound.outputs[o.name][1]), o.name)
+                     for o in spec.outputs]
+            bbound = bind(spec, given, case.layout, spec.name, extra)
+            got = evaluate(graphs.backward, bbound.values, bbound.attrs)
+            want = evaluate(graphs.derived, bbound.values, bbound.attrs)
+            for b in spec.backward:
+                if b.name not in want:
+                    continue
+                a, e = np.broadcast_arrays(got[b.name][0], want[b.name][0])
+                bad = ~np.isclose(a, e, rtol=1e-9, atol=1e-12, equal_nan=True)
+                if bad.any():
+                    i = tuple(np.argwhere(bad)[0])
+                    derived = next(g for n, g in graphs.derived.outputs if n == b.name)
+                    inner = derived.args[0] if derived.op == "sum_to" else derived
+                    at = ", ".join(f"{k}={v!r}" for k, v in attrs.items())
+                    raise SpecError(
+                        f"backward.{b.name}: the hand-written gradient disagrees with the one derived "
+                        f"from forward: {float(a[i]):.6g} instead of {float(e[i]):.6g} "
+                        f"({case.label} case{', ' + at if at else ''}); the derived gradient is "
+                        f"{format_expr(inner)}", b.loc)
