@@ -17,6 +17,7 @@ from ..dsl import named
 from ..spec.model import FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
+_KIND = {"float": "a float", "int": "an integer", "bool": "True or False"}
 
 
 def _or_list(items: Sequence[str]) -> str:
@@ -68,17 +69,16 @@ def check_attrs(spec: OpSpec, given: dict, where: str) -> Dict[str, object]:
             v = given[a.name]
         if v is None:
             if not a.nullable:
-                raise TypeError(f"{where}: {a.name} must be a {a.type}, got None")
+                raise TypeError(f"{where}: {a.name} must be {_KIND[a.type]}, got None")
             out[a.name] = a.null_means
             continue
         if a.type == "bool":
             if not isinstance(v, (bool, np.bool_)):
-                raise TypeError(f"{where}: {a.name} must be True or False, got {v!r}")
+                raise TypeError(f"{where}: {a.name} must be {_KIND['bool']}, got {v!r}")
             out[a.name] = bool(v)
             continue
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-            raise TypeError(f"{where}: {a.name} must be a{'n int' if a.type == 'int' else ' float'}, "
-                            f"got {type(v).__name__} {v!r}")
+            raise TypeError(f"{where}: {a.name} must be {_KIND[a.type]}, got {type(v).__name__} {v!r}")
         if a.type == "int":
             if not float(v).is_integer():
                 raise TypeError(f"{where}: {a.name} must be an integer, got {v!r}")

@@ -1,0 +1,7 @@
+"""Stage 5: Cython source → compiled module in the content-hashed cache."""
+from .cache import cache_root, clean, load_module
+from .compile import BuildResult, build, key_for
+from .toolchain import Toolchain, toolchain
+
+__all__ = ["build", "BuildResult", "key_for", "toolchain", "Toolchain", "cache_root", "clean",
+           "load_module"]

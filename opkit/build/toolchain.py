@@ -1,0 +1,123 @@
+"""The compiler, its flags and the versions that decide what a build produces."""
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+from .. import __version__
+from .._paths import templates_dir
+from ..errors import BuildError
+from ..target import Target, current
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    cc: Tuple[str, ...]
+    family: str                  # gcc | clang | other
+    version: str                 # the compiler's own first line of --version
+    cflags: Tuple[str, ...]
+    includes: Tuple[str, ...]
+    ext_suffix: str
+    cython_version: str
+    numpy_version: str
+    target: Target
+
+    def key_material(self) -> Dict[str, object]:
+        """Everything besides the source that changes the compiled module."""
+        return {
+            "opkit": __version__, "cython": self.cython_version, "numpy": self.numpy_version,
+            "python": sys.version.split()[0], "ext_suffix": self.ext_suffix,
+            "cc": list(self.cc), "cc_version": self.version, "cflags": list(self.cflags),
+            "isa": self.target.isa, "machine": self.target.machine,
+            "features": list(self.target.features),
+        }
+
+    def compile_command(self, c_file: str, so_file: str, report: str) -> list:
+        cmd = list(self.cc) + list(self.cflags) + [f"-I{i}" for i in self.includes]
+        if self.family == "gcc":
+            cmd.append(f"-fopt-info-vec-all={report}")
+        elif self.family == "clang":
+            cmd += ["-Rpass=loop-vectorize", "-Rpass-missed=loop-vectorize"]
+        return cmd + [c_file, "-o", so_file]
+
+    def describe(self) -> str:
+        return f"{self.version}; {' '.join(self.cflags)}"
+
+
+def _compiler() -> Tuple[str, ...]:
+    cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc")
+    parts = tuple(shlex.split(cc))
+    if not parts or shutil.which(parts[0]) is None:
+        for fallback in ("cc", "gcc", "clang"):
+            if shutil.which(fallback):
+                return (fallback,)
+        raise BuildError("no C compiler found: install gcc or clang (Debian: apt install gcc), "
+                         "or name one in the CC environment variable")
+    return parts
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version(cc: Tuple[str, ...]) -> str:
+    try:
+        out = subprocess.run(list(cc) + ["--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BuildError(f"cannot run the C compiler {' '.join(cc)}: {exc}") from None
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else "unknown"
+
+
+def _family(version: str) -> str:
+    low = version.lower()
+    if "clang" in low:
+        return "clang"
+    if "gcc" in low or "g++" in low or "free software foundation" in low:
+        return "gcc"
+    return "other"
+
+
+def _flags(target: Target, family: str) -> Tuple[str, ...]:
+    flags = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-strict-aliasing",
+             "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION", "-Wno-unused-function",
+             "-Wno-unreachable-code"]
+    if os.environ.get("OPKIT_OPENMP", "1") != "0":
+        flags.append("-fopenmp")
+    if target.isa == "native":
+        flags.append("-march=native")
+    else:
+        flags.append("-DOPKIT_NO_F16C")
+    if sys.platform == "darwin":
+        flags += ["-undefined", "dynamic_lookup"]
+    extra = os.environ.get("OPKIT_CFLAGS")
+    if extra:
+        flags += shlex.split(extra)
+    return tuple(flags)
+
+
+@functools.lru_cache(maxsize=None)
+def _versions() -> Tuple[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        cython = version("Cython")
+    except PackageNotFoundError:
+        raise BuildError("Cython is not installed; run `pip install Cython`") from None
+    import numpy
+    return cython, numpy.__version__
+
+
+def toolchain(isa: str = "") -> Toolchain:
+    """The toolchain of this process (CC, OPKIT_ISA, OPKIT_CFLAGS, OPKIT_OPENMP are read here)."""
+    target = current(isa)
+    cc = _compiler()
+    version = _compiler_version(cc)
+    family = _family(version)
+    import numpy
+    includes = (sysconfig.get_paths()["include"], numpy.get_include(), str(templates_dir()))
+    cython, np_version = _versions()
+    return Toolchain(cc, family, version, _flags(target, family), includes,
+                     sysconfig.get_config_var("EXT_SUFFIX") or ".so", cython, np_version, target)
