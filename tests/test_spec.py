@@ -490,7 +490,7 @@ def test_attr_default_outside_range():
 def test_int_attr_default_outside_range():
     text = decl((ALPHA_LINE, "  alpha: {type: int, default: 0, range: \"(0, 8]\"}"))
     check(load_error(text), line_of(text, "alpha:"),
-          "attrs.alpha.default: 0 is outside the range (0.0, 8.0]")
+          "attrs.alpha.default: 0 is outside the range (0, 8]")
 
 
 def test_attr_default_on_an_open_end_is_outside():

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence, Tuple
 
 from .ir import Node, const, topo_order
-from .library import LIBRARY, sum_to
+from .library import LIBRARY, reduce_to, sum_to
 from .primitives import PRIMITIVES, add, deriving
 
 
@@ -35,5 +35,9 @@ def _vjp(outputs, wrt) -> List[Node]:
         for arg, g_arg in zip(node.args, rule(g, node, *node.args)):
             if g_arg is None or arg.kind != "float" or arg.op in ("attr", "const"):
                 continue
+            if arg.dims is not None and (g_arg.dims is None or set(g_arg.dims) - set(arg.dims)):
+                # the argument was broadcast here: sum its cotangent back to its own dims now,
+                # so everything upstream of it works on its small shape
+                g_arg = reduce_to(g_arg, arg.dims)
             ct[id(arg)] = add(ct[id(arg)], g_arg) if id(arg) in ct else g_arg
     return [sum_to(ct.get(id(x), const(0.0)), x) for x in wrt]

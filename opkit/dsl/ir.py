@@ -152,8 +152,14 @@ def format_expr(node: Node, names: Optional[Dict[int, str]] = None, prec: int = 
         text = f"{format_expr(node.args[0], names, 8)} ** {format_expr(node.args[1], names, 8)}"
         return f"({text})" if prec > 7 else text
     args = [format_expr(a, names) for a in node.args]
+    if op in FORMATTERS:
+        return FORMATTERS[op](args, node.params)
     args += [_param_text(p) for p in node.params]
     return f"{op}({', '.join(args)})"
+
+
+# how library primitives print: op -> (argument texts, params) -> text
+FORMATTERS: Dict[str, object] = {}
 
 
 def _param_text(p) -> str:

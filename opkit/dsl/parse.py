@@ -9,10 +9,11 @@ from __future__ import annotations
 import ast
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 from ..errors import Loc, SpecError
 from .ir import Node, const
+from . import library
 from .primitives import apply
 
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
@@ -33,13 +34,12 @@ _FUNCTIONS: Dict[str, tuple] = {
     "abs": (1, lambda x: apply("abs", x)),
     "sigmoid": (1, lambda x: apply("sigmoid", x)),
     "tanh": (1, lambda x: apply("tanh", x)),
+    "matmul": (2, library.matmul),
+    "sum": (2, library.dsl_sum),
+    "fft_up": (3, library.fft_up),
+    "fft_down": (3, library.fft_down),
 }
 FUNCTION_NAMES = tuple(sorted(_FUNCTIONS)) + tuple(sorted(_CONSTANTS))
-
-
-def register_function(name: str, nargs: int, builder: Callable) -> None:
-    """Make `name(...)` callable in expressions (used by library primitives)."""
-    _FUNCTIONS[name] = (nargs, builder)
 
 
 @dataclass
@@ -192,15 +192,25 @@ class _Parser:
         if len(node.args) != nargs:
             raise self.src.error(f"{fname}() takes {nargs} argument{'s' * (nargs != 1)}, "
                                  f"got {len(node.args)}", node)
+        kinds = _CALL_KINDS.get(fname, ("float",) * nargs)
         args = []
-        for i, a in enumerate(node.args):
+        for i, (a, kind) in enumerate(zip(node.args, kinds)):
             if isinstance(a, ast.Starred):
                 raise self.src.error("* arguments are not supported", a)
-            args.append(self.expr(a))
-        kinds = _CALL_KINDS.get(fname, ("float",) * nargs)
-        for i, (value, kind) in enumerate(zip(args, kinds)):
-            if kind != "any":
-                self.need(value, kind, node.args[i], f"argument {i + 1} of {fname}()")
+            if kind == "dim":  # a dim name such as H or K, not a value
+                if not isinstance(a, ast.Name):
+                    raise self.src.error(f"argument {i + 1} of {fname}() must be a dim name such as "
+                                         "H, W or K", a)
+                args.append(a.id)
+                continue
+            value = self.expr(a)
+            if kind == "scalar":
+                if value.op not in ("attr", "const") or value.kind != "float":
+                    raise self.src.error(f"argument {i + 1} of {fname}() must be an attr or a "
+                                         "number", a)
+            elif kind != "any":
+                self.need(value, kind, a, f"argument {i + 1} of {fname}()")
+            args.append(value)
         try:
             result = builder(*args)
         except SpecError:
@@ -212,11 +222,8 @@ class _Parser:
         return result
 
 
-_CALL_KINDS = {"where": ("bool", "float", "float")}
-
-
-def set_call_kinds(name: str, kinds: tuple) -> None:
-    _CALL_KINDS[name] = kinds
+_CALL_KINDS = {"where": ("bool", "float", "float"), "sum": ("float", "dim"),
+               "fft_up": ("float", "dim", "scalar"), "fft_down": ("float", "dim", "scalar")}
 
 
 def _describe(node) -> str:

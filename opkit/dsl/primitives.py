@@ -147,6 +147,13 @@ def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
             return x
         if c.is_const:
             return x if c.value else y
+        # where(c, where(d, p, 0), where(d, q, 0)) -> where(d, where(c, p, q), 0)
+        if x.op == y.op == "where" and x.args[0] is y.args[0] and x.args[2] is y.args[2] \
+                and _is(x.args[2], 0.0):
+            return apply("where", x.args[0], apply("where", c, x.args[1], y.args[1]), x.args[2])
+        # where(c, where(d, p, 0), 0) -> where(c & d, p, 0)
+        if x.op == "where" and _is(y, 0.0) and _is(x.args[2], 0.0):
+            return apply("where", apply("and", c, x.args[0]), x.args[1], y)
     return None
 
 

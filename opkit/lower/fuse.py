@@ -24,8 +24,8 @@ def _computes(n: Node) -> bool:
 
 
 def _smaller(inner, outer) -> bool:
-    if inner is None:
-        return False
+    if inner is None or inner == ():
+        return False  # scalars (attr arithmetic) stay inside the consumer: loop-invariant code
     if outer is None:
         return True
     return set(inner) < set(outer)
@@ -45,7 +45,10 @@ def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
     nodes = graph.nodes()
     mat: Set[int] = set()
     for n in nodes:
-        for a in n.args:
+        scalars = LIBRARY[n.op].scalar_args if n.op in LIBRARY else ()
+        for i, a in enumerate(n.args):
+            if i in scalars:
+                continue  # an attr or constant passed as a number (a resampling factor)
             if n.op in LIBRARY and a.op != "input" and a.op not in LIBRARY:
                 mat.add(id(a))  # a library call reads arrays: a constant becomes a filled one
             elif _computes(a) and _computes(n) and _smaller(a.dims, n.dims):
@@ -72,47 +75,18 @@ def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
             holder[id(n)] = f"tmp:{temp_count}"
             temp_count += 1
 
-    # stage: how many materialization boundaries separate a value from the inputs
-    stage: Dict[int, int] = {id(n): 0 for n in graph.input_nodes}
-
-    def reads(n: Node) -> List[Node]:
-        found, seen, stack = [], set(), list(n.args)
-        while stack:
-            a = stack.pop()
-            if id(a) in seen:
-                continue
-            seen.add(id(a))
-            if a.op == "input" or id(a) in mat or a.op in LIBRARY:
-                found.append(a)
-            elif a.args:
-                stack.extend(a.args)
-        return found
-
-    for n in nodes:
-        if id(n) in mat or n.op in LIBRARY:
-            stage[id(n)] = 1 + max((stage[id(r)] for r in reads(n)), default=0)
-
-    groups: Dict[tuple, List[Node]] = {}
-    for n in nodes:
-        if id(n) in mat:
-            groups.setdefault((stage[id(n)], n.dims), []).append(n)
-    steps: List[tuple] = []
-    for (st, _), roots in groups.items():
-        steps.append((st, 0, roots, [holder[id(r)] for r in roots]))
-    for n in nodes:
-        if n.op in LIBRARY:
-            steps.append((stage[id(n)], 1, n, None))
-    last = max(stage.values(), default=0) + 1
-    for node, vid in copies:
-        steps.append((last, 2, [node], [vid]))
-
+    steps = _schedule_steps(nodes, mat, copies)
     ordered = []
     k = 0
-    for st, order, what, outs in sorted(steps, key=lambda s: (s[0], s[1])):
+    for order, what in steps:
+        outs = [holder[id(r)] for r in what] if order == 0 else None
+        if order == 2:
+            what, outs = [what[0]], [what[1]]
         if order == 1:
             ordered.append(LibCall(f"{prefix}lib{len(ordered)}", what.op,
-                                   tuple(holder[id(a)] for a in what.args), what.params,
-                                   holder[id(what)]))
+                                   tuple(_scalar_ref(a) if i in LIBRARY[what.op].scalar_args
+                                         else holder[id(a)] for i, a in enumerate(what.args)),
+                                   what.params, holder[id(what)]))
         elif order == 2 and id(what[0]) in holder and what[0].op != "input":
             # a second output with the value of an earlier one: copy it, do not recompute
             src = holder[id(what[0])]
@@ -125,6 +99,84 @@ def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
     temps = tuple(sorted({v for v in holder.values() if v.startswith("tmp:")},
                          key=lambda v: int(v.split(":")[1])))
     return Plan(graph.kind, graph.inputs, graph.attrs, tuple(out_pairs), tuple(ordered), temps)
+
+
+def _reads(n: Node, mat: Set[int]) -> List[Node]:
+    """The values a step computing `n` reads: inputs, materialized values, library results."""
+    found, seen, stack = [], set(), list(n.args)
+    while stack:
+        a = stack.pop()
+        if id(a) in seen:
+            continue
+        seen.add(id(a))
+        if a.op == "input" or id(a) in mat or a.op in LIBRARY:
+            found.append(a)
+        elif a.args:
+            stack.extend(a.args)
+    return found
+
+
+def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> List[tuple]:
+    """Group materialized values into as few kernels as possible, in dependency order.
+
+    Values on the same dims share a kernel (one pass over memory) unless one needs the other,
+    directly or through a library call, or sharing would make two kernels wait on each other.
+    Returns (0, [roots]) kernels, (1, node) library calls and (2, (node, output)) copies."""
+    producers = [n for n in nodes if id(n) in mat or n.op in LIBRARY]
+    deps = {id(n): {id(r) for r in _reads(n, mat) if r.op != "input"} for n in producers}
+    group_of: Dict[int, int] = {}
+    groups: List[List[Node]] = []
+
+    def acyclic() -> bool:
+        edges = {g: set() for g in range(len(groups))}
+        for gi, members in enumerate(groups):
+            for m in members:
+                edges[gi] |= {group_of[d] for d in deps[id(m)]} - {gi}
+        state: Dict[int, int] = {}
+
+        def visit(g: int) -> bool:
+            state[g] = 1
+            for h in edges[g]:
+                if state.get(h) == 1 or (h not in state and not visit(h)):
+                    return False
+            state[g] = 2
+            return True
+        return all(state.get(g) == 2 or visit(g) for g in edges)
+
+    for n in producers:
+        groups.append([n])
+        group_of[id(n)] = len(groups) - 1
+        if n.op in LIBRARY:
+            continue
+        for gi, members in enumerate(groups[:-1]):
+            if members[0].op in LIBRARY or members[0].dims != n.dims:
+                continue
+            groups[gi].append(n)
+            group_of[id(n)] = gi
+            groups.pop()
+            if acyclic():
+                break
+            groups[gi].pop()
+            groups.append([n])
+            group_of[id(n)] = len(groups) - 1
+    # topological order of the groups (Kahn), earliest-declared first among the ready ones
+    need = {gi: {group_of[d] for m in members for d in deps[id(m)]} - {gi}
+            for gi, members in enumerate(groups)}
+    done: Set[int] = set()
+    steps: List[tuple] = []
+    while len(done) < len(groups):
+        ready = [gi for gi in range(len(groups)) if gi not in done and need[gi] <= done]
+        gi = ready[0]
+        done.add(gi)
+        members = groups[gi]
+        steps.append((1, members[0]) if members[0].op in LIBRARY else (0, members))
+    steps.extend((2, c) for c in copies)
+    return steps
+
+
+def _scalar_ref(n: Node) -> str:
+    """How a LibCall names a number argument: @attr or #constant."""
+    return "@" + n.name if n.op == "attr" else "#" + repr(n.value)
 
 
 def _kernel(name: str, roots: List[Node], outputs: List[str], holder: Dict[int, str],

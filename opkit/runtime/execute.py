@@ -118,7 +118,18 @@ class Executor:
 
     def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like) -> None:
         ctx = Context({k[3:]: v for k, v in env.items() if k.startswith("in:")})
-        arr, nm = LIBRARY[step.prim].run(ctx, [env[a] for a in step.args], step.params)
+        compute = np.dtype(compute_dtype(bound.dtype.name))
+        args = []
+        for a in step.args:
+            if a.startswith("@"):
+                args.append((np.asarray(bound.attrs[a[1:]]), ()))
+            elif a.startswith("#"):
+                args.append((np.asarray(float(a[1:])), ()))
+            else:
+                arr, nm = env[a]
+                # library calls compute in the compute dtype, like kernels: never in float16
+                args.append((arr.astype(compute) if arr.dtype.itemsize < compute.itemsize else arr, nm))
+        arr, nm = LIBRARY[step.prim].run(ctx, args, step.params)
         if step.result.startswith("out:"):
             if step.result not in env:
                 env[step.result] = self._allocate(like[step.result], out_dtypes[step.result])

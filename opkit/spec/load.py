@@ -1,6 +1,7 @@
 """Check a YAML declaration and build the frozen OpSpec; every error names file:line."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import keyword
 import math
@@ -203,6 +204,8 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
                             typ_node.loc)
         typ = typ_node.value
         rng = _interval(f.get("range"), f"{where}.range") if f.get("range") is not None else None
+        if rng is not None and typ == "int":
+            rng = dataclasses.replace(rng, integral=True)
         if rng is not None and typ == "bool":
             raise SpecError(f"{where}.range: a bool attr takes no range", f.get("range").loc)
         null_means = None

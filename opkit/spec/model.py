@@ -37,6 +37,7 @@ class Interval:
     high: float = math.inf
     low_open: bool = False
     high_open: bool = False
+    integral: bool = False  # the bounds of an int attr print as integers
 
     def __contains__(self, v: float) -> bool:
         if v != v:  # NaN is in no interval
@@ -47,7 +48,9 @@ class Interval:
 
     def __str__(self) -> str:
         def num(x: float) -> str:
-            return "inf" if x == math.inf else "-inf" if x == -math.inf else repr(x)
+            if x in (math.inf, -math.inf):
+                return "inf" if x > 0 else "-inf"
+            return repr(int(x)) if self.integral and x == int(x) else repr(x)
         return f"{'(' if self.low_open else '['}{num(self.low)}, {num(self.high)}{')' if self.high_open else ']'}"
 
 
