@@ -88,11 +88,13 @@ def config(settings: Dict[str, Any] = None, **kwargs) -> Iterator[None]:
 
 def get(name: str) -> Any:
     ctx = _context.get()
-    if name in ctx:
+    if ctx and name in ctx:
         return ctx[name]
-    if name not in _global:
+    try:
+        return _global[name]
+    except KeyError:
         _global[name] = _SETTINGS[name][0]()
-    return _global[name]
+        return _global[name]
 
 
 def current() -> Dict[str, Any]:

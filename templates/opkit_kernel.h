@@ -12,6 +12,7 @@
 #include <string.h>
 #include <Python.h>
 
+/* OPKIT_NO_F16C (the portable build) keeps every intrinsic out */
 #if (defined(__AVX512F__) || defined(__F16C__)) && !defined(OPKIT_NO_F16C)
 #include <immintrin.h>
 #define OPK_F16_HW 1
@@ -185,38 +186,135 @@ static inline void opk_store_d(char *dst, Py_ssize_t stride, int code, const dou
     }
 }
 
+/* ---------------------------------------------------------------- transposition */
+
+/* dst[i * ldd + r] = src[r * lds + i] for r < nr, i < ni: a block computed in the input's order
+ * written in the output's. AVX-512 transposes 16 x 16 floats (8 x 8 doubles) in registers. */
+#if OPK_F16_HW && defined(__AVX512F__)
+static inline void opk_t16x16(float *dst, Py_ssize_t ldd, const float *src, Py_ssize_t lds)
+{
+    __m512 r[16], t[16], u[16];
+    for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_ps(src + k * lds);
+    for (int g = 0; g < 4; g++) {
+        t[4 * g + 0] = _mm512_unpacklo_ps(r[4 * g], r[4 * g + 1]);
+        t[4 * g + 1] = _mm512_unpackhi_ps(r[4 * g], r[4 * g + 1]);
+        t[4 * g + 2] = _mm512_unpacklo_ps(r[4 * g + 2], r[4 * g + 3]);
+        t[4 * g + 3] = _mm512_unpackhi_ps(r[4 * g + 2], r[4 * g + 3]);
+        /* u[4g + j], lane L: column 4L + j of rows 4g .. 4g + 3 */
+        u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; j++) {  /* a 4 x 4 transpose of 128-bit lanes */
+        __m512 p0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88);
+        __m512 p1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);
+        __m512 p2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
+        __m512 p3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
+        _mm512_storeu_ps(dst + (0 + j) * ldd, _mm512_shuffle_f32x4(p0, p2, 0x88));
+        _mm512_storeu_ps(dst + (4 + j) * ldd, _mm512_shuffle_f32x4(p1, p3, 0x88));
+        _mm512_storeu_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(p0, p2, 0xDD));
+        _mm512_storeu_ps(dst + (12 + j) * ldd, _mm512_shuffle_f32x4(p1, p3, 0xDD));
+    }
+}
+
+static inline void opk_t8x8d(double *dst, Py_ssize_t ldd, const double *src, Py_ssize_t lds)
+{
+    __m512d r[8], u[8];
+    for (int k = 0; k < 8; k++) r[k] = _mm512_loadu_pd(src + k * lds);
+    for (int g = 0; g < 4; g++) {  /* u[2g + j], lane L: column 2L + j of rows 2g, 2g + 1 */
+        u[2 * g + 0] = _mm512_unpacklo_pd(r[2 * g], r[2 * g + 1]);
+        u[2 * g + 1] = _mm512_unpackhi_pd(r[2 * g], r[2 * g + 1]);
+    }
+    for (int j = 0; j < 2; j++) {
+        __m512d p0 = _mm512_shuffle_f64x2(u[j], u[2 + j], 0x88);
+        __m512d p1 = _mm512_shuffle_f64x2(u[j], u[2 + j], 0xDD);
+        __m512d p2 = _mm512_shuffle_f64x2(u[4 + j], u[6 + j], 0x88);
+        __m512d p3 = _mm512_shuffle_f64x2(u[4 + j], u[6 + j], 0xDD);
+        _mm512_storeu_pd(dst + (0 + j) * ldd, _mm512_shuffle_f64x2(p0, p2, 0x88));
+        _mm512_storeu_pd(dst + (2 + j) * ldd, _mm512_shuffle_f64x2(p1, p3, 0x88));
+        _mm512_storeu_pd(dst + (4 + j) * ldd, _mm512_shuffle_f64x2(p0, p2, 0xDD));
+        _mm512_storeu_pd(dst + (6 + j) * ldd, _mm512_shuffle_f64x2(p1, p3, 0xDD));
+    }
+}
+#define OPK_TRANSPOSE_HW 1
+#else
+#define OPK_TRANSPOSE_HW 0
+#endif
+
+static void opk_transpose_f(float *dst, Py_ssize_t ldd, const float *src, Py_ssize_t lds,
+                            Py_ssize_t nr, Py_ssize_t ni)
+{
+    Py_ssize_t r0 = 0, i0 = 0;
+#if OPK_TRANSPOSE_HW
+    for (i0 = 0; i0 + 16 <= ni; i0 += 16)
+        for (r0 = 0; r0 + 16 <= nr; r0 += 16)
+            opk_t16x16(dst + i0 * ldd + r0, ldd, src + r0 * lds + i0, lds);
+    /* the ragged edges below */
+    for (Py_ssize_t i = 0; i < i0; i++)
+        for (Py_ssize_t r = nr - nr % 16; r < nr; r++) dst[i * ldd + r] = src[r * lds + i];
+#endif
+    for (Py_ssize_t i = i0; i < ni; i++)
+        for (Py_ssize_t r = 0; r < nr; r++) dst[i * ldd + r] = src[r * lds + i];
+    (void)r0;
+}
+
+static void opk_transpose_d(double *dst, Py_ssize_t ldd, const double *src, Py_ssize_t lds,
+                            Py_ssize_t nr, Py_ssize_t ni)
+{
+    Py_ssize_t i0 = 0;
+#if OPK_TRANSPOSE_HW
+    for (i0 = 0; i0 + 8 <= ni; i0 += 8)
+        for (Py_ssize_t r0 = 0; r0 + 8 <= nr; r0 += 8)
+            opk_t8x8d(dst + i0 * ldd + r0, ldd, src + r0 * lds + i0, lds);
+    for (Py_ssize_t i = 0; i < i0; i++)
+        for (Py_ssize_t r = nr - nr % 8; r < nr; r++) dst[i * ldd + r] = src[r * lds + i];
+#endif
+    for (Py_ssize_t i = i0; i < ni; i++)
+        for (Py_ssize_t r = 0; r < nr; r++) dst[i * ldd + r] = src[r * lds + i];
+}
+
 /* ---------------------------------------------------------------- iteration */
 
 #define OPK_MAXDIM 64
 #define OPK_MAXOPS 32
+#define OPK_BLOCK 64   /* elements per side of a transposing block */
 
 /* geometry, built by opkit/runtime/geometry.py as an intp array:
- *   [ndim, nops, shape[ndim], strides[nops][ndim] (bytes), codes[nops]]
- * the last dim is the inner one; ndim >= 1 */
+ *   [ndim, nops, nout, tdim, ccode, shape[ndim], strides[nops][ndim] (bytes), codes[nops]]
+ * the last dim is the one the outputs are contiguous along; ndim >= 1. With tdim >= 0 the
+ * walk goes in blocks of OPK_BLOCK x OPK_BLOCK over the last dim and dim tdim (along which the
+ * inputs are contiguous): rows along tdim are computed into a block buffer in the compute type
+ * (ccode) and the buffer is transposed into the outputs. Work units are elements, or blocks. */
 typedef void (*opk_segment_fn)(Py_ssize_t n, char **ptr, Py_ssize_t *step, int *code, void *ctx);
 
-static inline Py_ssize_t opk_total(const Py_ssize_t *g)
+enum { OPK_G_NDIM, OPK_G_NOPS, OPK_G_NOUT, OPK_G_TDIM, OPK_G_CCODE, OPK_G_SHAPE };
+
+static inline Py_ssize_t opk_cdiv(Py_ssize_t a, Py_ssize_t b) { return (a + b - 1) / b; }
+
+static inline Py_ssize_t opk_units(const Py_ssize_t *g)
 {
+    const Py_ssize_t nd = g[OPK_G_NDIM], td = g[OPK_G_TDIM];
+    const Py_ssize_t *shape = g + OPK_G_SHAPE;
     Py_ssize_t total = 1;
-    for (Py_ssize_t d = 0; d < g[0]; d++) total *= g[2 + d];
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        if (td >= 0 && (d == td || d == nd - 1)) total *= opk_cdiv(shape[d], OPK_BLOCK);
+        else total *= shape[d];
+    }
     return total;
 }
 
-/* Run fn over the flat element range [start, stop) of the iteration space, one row piece at a
- * time. Threads call this on disjoint ranges, so each element is computed exactly once and the
- * result does not depend on the number of threads. */
-static void opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
-                     opk_segment_fn fn, void *ctx)
+static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
+                          opk_segment_fn fn, void *ctx)
 {
-    const Py_ssize_t nd = g[0], nops = g[1];
-    const Py_ssize_t *shape = g + 2;
+    const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS];
+    const Py_ssize_t *shape = g + OPK_G_SHAPE;
     const Py_ssize_t *strides = shape + nd;
     const Py_ssize_t *codes = strides + nops * nd;
     Py_ssize_t idx[OPK_MAXDIM];
     char *row[OPK_MAXOPS], *ptr[OPK_MAXOPS];
     Py_ssize_t step[OPK_MAXOPS];
     int code[OPK_MAXOPS];
-    if (stop <= start) return;
     const Py_ssize_t inner = shape[nd - 1];
     Py_ssize_t r = start / inner, col = start % inner;
     for (Py_ssize_t d = nd - 2; d >= 0; d--) { idx[d] = r % shape[d]; r /= shape[d]; }
@@ -244,6 +342,90 @@ static void opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, cha
             idx[d] = 0;
         }
     }
+}
+
+static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
+                            opk_segment_fn fn, void *ctx)
+{
+    const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
+    const Py_ssize_t td = g[OPK_G_TDIM], od = nd - 1;
+    const int ccode = (int)g[OPK_G_CCODE];
+    const Py_ssize_t csize = ccode == OPK_F64 ? 8 : 4;
+    const Py_ssize_t *shape = g + OPK_G_SHAPE;
+    const Py_ssize_t *strides = shape + nd;
+    const Py_ssize_t *codes = strides + nops * nd;
+    const Py_ssize_t nbo = opk_cdiv(shape[od], OPK_BLOCK), nbi = opk_cdiv(shape[td], OPK_BLOCK);
+    char *ptr[OPK_MAXOPS], *origin[OPK_MAXOPS];
+    Py_ssize_t step[OPK_MAXOPS];
+    int code[OPK_MAXOPS];
+    /* one block buffer per output, in the compute type: OPK_BLOCK rows of OPK_BLOCK */
+    char *buf = (char *)PyMem_RawMalloc((size_t)(nout ? nout : 1) * OPK_BLOCK * OPK_BLOCK * csize);
+    float tmp_f[OPK_BLOCK];
+    double tmp_d[OPK_BLOCK];
+    if (buf == NULL) return;  /* never for 32 KB; the caller checks nothing, so be safe */
+    for (Py_ssize_t u = start; u < stop; u++) {
+        Py_ssize_t ob = u % nbo, rest = u / nbo;
+        Py_ssize_t ib = rest % nbi;
+        rest /= nbi;
+        for (Py_ssize_t k = 0; k < nops; k++) origin[k] = base[k];
+        for (Py_ssize_t d = nd - 2; d >= 0; d--) {      /* the outer dims, innermost first */
+            if (d == td) continue;
+            Py_ssize_t i = rest % shape[d];
+            rest /= shape[d];
+            for (Py_ssize_t k = 0; k < nops; k++) origin[k] += i * strides[k * nd + d];
+        }
+        const Py_ssize_t o0 = ob * OPK_BLOCK, i0 = ib * OPK_BLOCK;
+        const Py_ssize_t bo = shape[od] - o0 < OPK_BLOCK ? shape[od] - o0 : OPK_BLOCK;
+        const Py_ssize_t bi = shape[td] - i0 < OPK_BLOCK ? shape[td] - i0 : OPK_BLOCK;
+        for (Py_ssize_t k = 0; k < nops; k++)
+            origin[k] += o0 * strides[k * nd + od] + i0 * strides[k * nd + td];
+        for (Py_ssize_t r = 0; r < bo; r++) {           /* rows along tdim, into the buffer */
+            for (Py_ssize_t k = 0; k < nops; k++) {
+                if (k < nops - nout) {
+                    ptr[k] = origin[k] + r * strides[k * nd + od];
+                    step[k] = strides[k * nd + td];
+                    code[k] = (int)codes[k];
+                } else {
+                    ptr[k] = buf + ((k - (nops - nout)) * OPK_BLOCK + r) * OPK_BLOCK * csize;
+                    step[k] = csize;
+                    code[k] = ccode;
+                }
+            }
+            fn(bi, ptr, step, code, ctx);
+        }
+        for (Py_ssize_t k = nops - nout; k < nops; k++) {  /* transpose into the outputs */
+            const char *src = buf + (k - (nops - nout)) * OPK_BLOCK * OPK_BLOCK * csize;
+            const Py_ssize_t so = strides[k * nd + od], si = strides[k * nd + td];
+            if ((int)codes[k] == ccode && so == csize && si % csize == 0) {
+                if (ccode == OPK_F64)
+                    opk_transpose_d((double *)origin[k], si / 8, (const double *)src, OPK_BLOCK, bo, bi);
+                else
+                    opk_transpose_f((float *)origin[k], si / 4, (const float *)src, OPK_BLOCK, bo, bi);
+                continue;
+            }
+            for (Py_ssize_t i = 0; i < bi; i++) {       /* convert / scatter: one output row */
+                if (ccode == OPK_F64) {
+                    for (Py_ssize_t r = 0; r < bo; r++) tmp_d[r] = ((const double *)src)[r * OPK_BLOCK + i];
+                    opk_store_d(origin[k] + i * si, so, (int)codes[k], tmp_d, bo);
+                } else {
+                    for (Py_ssize_t r = 0; r < bo; r++) tmp_f[r] = ((const float *)src)[r * OPK_BLOCK + i];
+                    opk_store_f(origin[k] + i * si, so, (int)codes[k], tmp_f, bo);
+                }
+            }
+        }
+    }
+    PyMem_RawFree(buf);
+}
+
+/* Run fn over work units [start, stop) (elements, or blocks when transposing). Threads call
+ * this on disjoint ranges, so each element is computed exactly once and the result does not
+ * depend on the number of threads. */
+static void opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
+                     opk_segment_fn fn, void *ctx)
+{
+    if (stop <= start) return;
+    if (g[OPK_G_TDIM] >= 0) opk_walk_blocks(start, stop, g, base, fn, ctx);
+    else opk_walk_rows(start, stop, g, base, fn, ctx);
 }
 
 #endif /* OPKIT_KERNEL_H */

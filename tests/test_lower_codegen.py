@@ -274,7 +274,8 @@ def test_source_defines_kernel_functions_per_compute_type():
     spec, graphs, lowered, target = leaky()
     src = source(spec, graphs, lowered, target)
     defs = re.findall(r"^def (\w+)\(", src, re.M)
-    assert defs == ["fwd0_f", "fwd0_d", "bwd0_f", "bwd0_d"]
+    # one entry per kernel and compute type, and the direct call of the one-kernel forward pass
+    assert defs == ["fwd0_f", "fwd0_d", "bwd0_f", "bwd0_d", "fast_forward"]
     assert 'KERNELS = ("fwd0_f", "fwd0_d", "bwd0_f", "bwd0_d", )' in src
     assert re.search(r"^cdef inline void fwd0_f_tile\(.*\) noexcept nogil:$", src, re.M)
     assert "cdef float a_alpha = ctx.a_alpha" in src
@@ -290,7 +291,16 @@ def test_functions_follow_the_dtypes(dtypes, defs):
     spec, graphs, lowered, target = build("where(x > 0, x, 0.5 * x)",
                                           inputs=(("x", f"{{dtypes: {dtypes}}}"),))
     src = source(spec, graphs, lowered, target)
-    assert re.findall(r"^def (\w+)\(", src, re.M) == defs
+    assert re.findall(r"^def (\w+)\(", src, re.M) == defs + ["fast_forward"]
+    assert re.findall(r"^cdef void _fast_(\w)\(", src, re.M) == [d[-1] for d in defs[:1]]
+
+
+def test_no_direct_call_when_the_forward_pass_is_not_one_plain_kernel():
+    # a per-channel bias makes shapes differ by design: every call takes the checked path
+    spec, graphs, lowered, target = build(
+        "where(x + b > 0, x + b, 0.2 * (x + b))",
+        inputs=(("x", "{dtypes: [float32], layouts: [NCHW, NHWC]}"), ("b", "{dtypes: [float32], shape: [C]}")))
+    assert "def fast_forward(" not in source(spec, graphs, lowered, target)
 
 
 def test_rendering_is_deterministic():
@@ -363,7 +373,7 @@ def _check_printable_header(src, spec):
             tail = line.split("  # ", 1)[1]
             assert tail.isprintable() and not set(tail) & set("\"'\\"), repr(line)
     # the body still has the code it should have
-    assert len(re.findall(r"^def \w+\(", src, re.M)) == 4
+    assert len(re.findall(r"^def \w+\(", src, re.M)) == 5  # four kernels and the direct call
 
 
 @pytest.mark.parametrize("odd", ODD_NAMES)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import jinja2
+import numpy as np
 
 from .. import __version__
 from .._paths import templates_dir
@@ -53,13 +54,7 @@ def _printable(text: str) -> str:
 def _constant(value, ct: ComputeType) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
-    if value != value:
-        return f"(<{ct.type}>NAN)"
-    if value in (float("inf"), float("-inf")):
-        return f"(<{ct.type}>{'-' if value < 0 else ''}INFINITY)"
-    text = repr(float(value))
-    assert re.fullmatch(r"-?[0-9.e+-]+", text), text  # a number and nothing else
-    return f"(<{ct.type}>{text})"
+    return f"(<{ct.type}>{_number(value)})"
 
 
 def _operand(arg: str, ct: ComputeType) -> str:
@@ -148,6 +143,73 @@ def template_digest() -> str:
     return h.hexdigest()
 
 
+# NumPy's type numbers (its C ABI; the NumPy version is part of the build cache key)
+_NPY = {"float16": (np.dtype("float16").num, "OPK_F16"), "float32": (np.dtype("float32").num, "OPK_F32"),
+        "float64": (np.dtype("float64").num, "OPK_F64")}
+
+
+def _number(value: float) -> str:
+    """A Python/Cython literal for a parsed number (never text from the declaration)."""
+    if value != value:
+        return "NAN"
+    if value in (float("inf"), float("-inf")):
+        return "INFINITY" if value > 0 else "-INFINITY"
+    text = repr(float(value))
+    assert re.fullmatch(r"-?[0-9.e+-]+", text), text
+    return text
+
+
+def _attr_checks(a) -> List[str]:
+    checks = []
+    if a.range is not None:
+        if a.range.low != float("-inf") or a.range.low_open:
+            checks.append(f"{'>' if a.range.low_open else '>='} {_number(a.range.low)}")
+        if a.range.high != float("inf") or a.range.high_open:
+            checks.append(f"{'<' if a.range.high_open else '<='} {_number(a.range.high)}")
+    if a.type == "int":
+        checks.append("== <double><long long>x_" + a.name)  # a whole number
+    return checks
+
+
+def fast_context(spec: OpSpec, lowered: Lowered) -> Dict:
+    """What the direct call needs, or None when the forward pass is not one plain kernel over
+    layout-agnostic inputs (those calls always take the checked path)."""
+    steps = lowered.forward.steps
+    if len(steps) != 1 or not isinstance(steps[0], Kernel):
+        return None
+    k = steps[0]
+    if not all(v.startswith("in:") for v in k.inputs) or not all(v.startswith("out:") for v in k.outputs):
+        return None
+    if spec.layouts[0] != "ND" or any(i.shape or (i.layouts_declared and "ND" not in i.layouts)
+                                       for i in spec.inputs):
+        return None
+    ins, outs = list(spec.input_names), list(spec.output_names)
+    attrs = []
+    for a in spec.attrs:
+        default = None if a.required else ("True" if a.default is True else "False" if a.default is False
+                                           else "None" if a.default is None else _number(a.default))
+        attrs.append({"name": a.name, "type": a.type, "required": a.required, "default": default,
+                      "nullable": a.nullable,
+                      "null_means": _number(a.null_means) if a.nullable else None,
+                      "checks": _attr_checks(a) if a.type != "bool" else []})
+    instances = []
+    for dt in spec.dtypes:
+        ct = COMPUTE[compute_dtype(dt)]
+        if ct not in instances:
+            instances.append(ct)
+    inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
+    return {
+        "kernel": k.name, "n_inputs": len(ins), "n_outputs": len(outs), "n_in": len(k.inputs),
+        "n_ops": len(k.operands), "attrs": attrs,
+        "kernel_inputs": [ins.index(v[3:]) for v in k.inputs],
+        "kernel_outputs": [outs.index(v[4:]) for v in k.outputs],
+        "kernel_attrs": list(k.attrs), "kernel_attr_specs": [spec.attr(a) for a in k.attrs],
+        "dtypes": [{"npy": _NPY[dt][0], "code": _NPY[dt][1]} for dt in spec.dtypes],
+        "instances": instances, "inplace": repr(inplace),
+        "threshold": k.schedule.parallel_threshold, "max_threads": k.schedule.max_threads,
+    }
+
+
 def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target) -> str:
     """The Cython source of the operator's kernel module."""
     file_name = _printable(os.path.basename(spec.file))
@@ -161,4 +223,5 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target) -> 
     op = {"name": spec.name, "file": _printable(spec.file), "file_name": file_name,
           "dtypes": spec.dtypes, "passes": _passes(graphs)}
     return _environment().get_template("module.pyx.j2").render(
-        version=__version__, op=op, target=_printable(target.describe()), kernels=kernels)
+        version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
+        fast=fast_context(spec, lowered))

@@ -12,12 +12,21 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 
-def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequence[int],
-             lead: int) -> np.ndarray:
-    """The intp array opk_walk reads: [ndim, nops, shape..., strides[op][dim]..., codes...].
+# A transposing walk pays off when an input runs against the output's order for a while.
+_MIN_TRANSPOSE = 8
 
-    `lead` is the operand whose memory order the iteration follows (the first output)."""
+
+def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequence[int],
+             itemsizes: Sequence[int], nout: int, ccode: int) -> np.ndarray:
+    """The intp array opk_walk reads (templates/opkit_kernel.h):
+    [ndim, nops, nout, tdim, ccode, shape..., strides[op][dim]..., codes...].
+
+    The outputs are the last `nout` operands; the first of them leads: the iteration follows
+    its memory order. When an input is contiguous along another dim than the output (an NCHW
+    array written into NHWC memory), `tdim` names that dim and the kernel walks in blocks,
+    transposing through a buffer, so both sides are read and written in their own order."""
     nops = len(strides)
+    lead = nops - nout
     dims = [d for d, n in enumerate(shape) if n != 1]
     order = [lead] + [k for k in range(nops) if k != lead]
     dims.sort(key=lambda d: tuple(-abs(strides[k][d]) for k in order))
@@ -36,11 +45,27 @@ def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequ
     if not out_shape:
         out_shape = [1]
         out_strides = [[0] for _ in range(nops)]
-    flat = [len(out_shape), nops] + out_shape
+    tdim = _transposed_dim(out_shape, out_strides, itemsizes, lead)
+    flat = [len(out_shape), nops, nout, tdim, ccode] + out_shape
     for s in out_strides:
         flat.extend(s)
     flat.extend(codes)
     return np.array(flat, dtype=np.intp)
+
+
+def _transposed_dim(shape: List[int], strides: List[List[int]], itemsizes: Sequence[int],
+                    lead: int) -> int:
+    """The dim an input is contiguous along when that is not the output's inner dim, or -1."""
+    inner = len(shape) - 1
+    if inner < 1 or shape[inner] < _MIN_TRANSPOSE or strides[lead][inner] != itemsizes[lead]:
+        return -1
+    for k in range(lead):
+        if abs(strides[k][inner]) <= 4 * itemsizes[k]:
+            continue  # near enough to contiguous (or broadcast) along the output's order
+        for d in range(inner):
+            if strides[k][d] == itemsizes[k] and shape[d] >= _MIN_TRANSPOSE:
+                return d
+    return -1
 
 
 def operand_strides(arr: np.ndarray, names: Tuple[str, ...], iter_names: Tuple[str, ...],

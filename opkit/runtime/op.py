@@ -39,6 +39,7 @@ class Op:
         self.__doc__ = f"{spec.name}: {spec.summary}" if spec.summary else spec.name
         self._lock = threading.RLock()
         self._modules: Dict[str, object] = {}
+        self._fast: Dict[str, object] = {}  # isa -> the module's direct call, if it has one
         self._builds: Dict[str, BuildResult] = {}
         self._lowered: Dict[str, Lowered] = {}
         plan = self.lowered().forward
@@ -78,6 +79,7 @@ class Op:
             self._builds[tc.target.isa] = result
             if force:
                 self._modules.pop(tc.target.isa, None)
+                self._fast.pop(tc.target.isa, None)
             return result
 
     def module(self, isa: str = ""):
@@ -90,6 +92,7 @@ class Op:
                 if mod is None:
                     mod = self.build(isa=key).load()
                     self._modules[key] = mod
+                    self._fast[key] = getattr(mod, "fast_forward", None)
         return mod
 
     # ------------------------------------------------------------------ calls
@@ -157,6 +160,15 @@ class Op:
         return like
 
     def __call__(self, *args, out=None, layout: Optional[str] = None, **kwargs):
+        if layout is None:
+            fast = self._fast.get(setting("isa"))
+            if fast is not None:
+                result = fast(args, kwargs, out, setting("num_threads"))
+                if result is not NotImplemented:
+                    return result
+        return self._call(args, kwargs, out, layout)
+
+    def _call(self, args, kwargs, out, layout):
         where = f"{self.name}()"
         given = split_args(self.spec, self.spec.input_names, args, kwargs, where)
         bound = bind(self.spec, given, layout, where)
