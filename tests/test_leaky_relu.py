@@ -216,3 +216,30 @@ def test_mixed_dtype_gradient_takes_input_dtype(op):
     dx, = op.backward(dy, x)
     assert dx.dtype == np.float16
     same(dx, dy.astype(np.float16))
+
+
+def test_plain_calls_take_the_direct_path(op, monkeypatch):
+    """Contiguous same-shape arrays never reach the Python argument checks; others do, and both
+    give the same bits."""
+    x = np.random.default_rng(4).standard_normal((33, 65)).astype(np.float32)
+    op(x)  # the first call of a process loads (or builds) the module
+    slow_calls = []
+    original = type(op)._call
+
+    def spy(self, *a):
+        slow_calls.append(a)
+        return original(self, *a)
+
+    monkeypatch.setattr(type(op), "_call", spy)
+    fast = op(x, alpha=0.3)
+    out = np.empty_like(x)
+    assert op(x, 0.3, out=out) is out
+    y = x.copy()
+    assert op(y, alpha=0.3, out=y) is y          # in place, as schedule.inplace allows
+    assert slow_calls == []
+    slow = op(x.T.copy().T, alpha=0.3)            # Fortran order: the checked path
+    wide = op(x, alpha=np.float32(0.3))           # a NumPy scalar attr: the checked path
+    assert len(slow_calls) == 2
+    for other in (out, y, slow, wide):
+        assert other.tobytes() == fast.tobytes() or np.array_equal(other, fast)
+    same(fast, expected_forward(x, 0.3))
