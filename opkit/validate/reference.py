@@ -14,28 +14,30 @@ Value = Tuple[np.ndarray, Tuple[str, ...]]
 
 
 def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
-             masks: Optional[List[np.ndarray]] = None) -> Dict[str, Value]:
-    """Outputs of `graph` for inputs `values` ("in:x" -> (array, names)) in float64.
+             masks: Optional[List[np.ndarray]] = None, dtype=np.float64) -> Dict[str, Value]:
+    """Outputs of `graph` for inputs `values` ("in:x" -> (array, names)) in float64 (or in
+    `dtype`: the benchmark's plain-NumPy run of the same formula).
 
     With `masks`, every true/false intermediate is appended to it (to detect kinks)."""
     env: Dict[int, Value] = {}
-    inputs = {k[3:]: (v[0].astype(np.float64), v[1]) for k, v in values.items()}
-    ctx = Context(inputs, accumulate=np.float64)
+    dtype = np.dtype(dtype)
+    inputs = {k[3:]: (v[0].astype(dtype, copy=False), v[1]) for k, v in values.items()}
+    ctx = Context(inputs, accumulate=np.float64 if dtype == np.float64 else None)
     with np.errstate(all="ignore"):
         for n in graph.nodes():
             if n.op == "input":
                 env[id(n)] = inputs[n.name]
             elif n.op == "attr":
                 v = attrs[n.name]
-                env[id(n)] = (np.asarray(v, dtype=bool if n.kind == "bool" else np.float64), ())
+                env[id(n)] = (np.asarray(v, dtype=bool if n.kind == "bool" else dtype), ())
             elif n.op == "const":
-                env[id(n)] = (np.asarray(n.value, dtype=bool if n.kind == "bool" else np.float64), ())
+                env[id(n)] = (np.asarray(n.value, dtype=bool if n.kind == "bool" else dtype), ())
             elif n.op in PRIMITIVES:
                 args = [env[id(a)] for a in n.args]
                 names, _, views = named.align(args, [f"argument {i}" for i in range(len(args))])
                 result = np.asarray(PRIMITIVES[n.op].numpy(*views))
                 if n.kind == "float":
-                    result = result.astype(np.float64, copy=False)
+                    result = result.astype(dtype, copy=False)
                 env[id(n)] = (result, names)
                 if masks is not None and n.kind == "bool":
                     masks.append(result)

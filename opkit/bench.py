@@ -1,0 +1,485 @@
+"""`opkit bench`: kernels timed side by side with the copy bandwidth, NumPy and PyTorch.
+
+Every number is a median over interleaved repetitions (opkit, copy, NumPy, PyTorch, opkit, ...),
+so a noisy neighbour slows all contenders alike, and every target is a ratio measured in the
+same run. PyTorch is optional: without it its columns stay empty.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import __version__
+
+Fn = Callable[[], object]
+
+
+def _torch():
+    try:
+        import torch
+        import torch.nn.functional as F
+        return torch, F
+    except ImportError:
+        return None, None
+
+
+def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2) -> Dict[str, float]:
+    """Median seconds per call of each function, the functions interleaved round by round."""
+    fns = {k: f for k, f in fns.items() if f is not None}
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    times: Dict[str, List[float]] = {k: [] for k in fns}
+    # tiny calls are timed in batches so the clock's resolution does not matter
+    inner = {}
+    for k, f in fns.items():
+        t0 = time.perf_counter()
+        f()
+        dt = time.perf_counter() - t0
+        inner[k] = max(1, min(10000, int(2e-3 / max(dt, 1e-9))))
+    for _ in range(repeat):
+        for k, f in fns.items():
+            n = inner[k]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            times[k].append((time.perf_counter() - t0) / n)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+@dataclass
+class Row:
+    case: str
+    op: str
+    pass_: str
+    dtype: str
+    shape: Tuple[int, ...]
+    bytes: int                        # memory traffic of one call: inputs read + outputs written
+    seconds: Dict[str, float] = field(default_factory=dict)
+
+    def gbps(self, who: str) -> Optional[float]:
+        t = self.seconds.get(who)
+        return self.bytes / t / 1e9 if t else None
+
+    def ratio(self, slower: str, faster: str = "opkit") -> Optional[float]:
+        a, b = self.seconds.get(slower), self.seconds.get(faster)
+        return a / b if a and b else None
+
+
+# ------------------------------------------------------------------------------- the cases
+
+def _leaky_case(shape, dtype, rng, out: bool, alloc_torch=True):
+    import opkit
+    op = opkit.get("leaky_relu")
+    torch, F = _torch()
+    x = rng.standard_normal(shape).astype(dtype)
+    y = np.empty_like(x)
+    a = dtype(0.2) if dtype != np.float64 else 0.2
+    fns = {"opkit": (lambda: op(x, alpha=0.2, out=y)) if out else (lambda: op(x, alpha=0.2)),
+           "copy": lambda: np.copyto(y, x),
+           "numpy": (lambda: np.maximum(x, a * x, out=y)) if out else (lambda: np.maximum(x, a * x))}
+    if torch is not None:
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        fns["torch"] = (lambda: torch._C._nn.leaky_relu(tx, 0.2, out=ty)) if out else \
+            (lambda: F.leaky_relu(tx, 0.2))
+    return fns, 2 * x.nbytes
+
+
+def _leaky_backward_case(shape, dtype, rng):
+    import opkit
+    op = opkit.get("leaky_relu")
+    torch, _ = _torch()
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    y = np.empty_like(x)
+    a = dtype(0.2)
+    fns = {"opkit": lambda: op.backward(dy, x, alpha=0.2), "copy": lambda: np.copyto(y, x),
+           "numpy": lambda: np.where(x > 0, dy, a * dy)}
+    if torch is not None:
+        tx, tdy = torch.from_numpy(x), torch.from_numpy(dy)
+        fns["torch"] = lambda: torch.ops.aten.leaky_relu_backward(tdy, tx, 0.2, False)
+    return fns, 3 * x.nbytes
+
+
+def _layout_conversion_case(shape, dtype, rng):
+    """An NCHW array written into NHWC memory (out= is the NHWC buffer's NCHW-ordered view)."""
+    import opkit
+    op = opkit.get("leaky_relu")
+    torch, F = _torch()
+    x = rng.standard_normal(shape).astype(dtype)
+    n, c, h, w = shape
+    buf = np.empty((n, h, w, c), dtype)
+    view = buf.transpose(0, 3, 1, 2)
+    a = dtype(0.2)
+    fns = {"opkit": lambda: op(x, alpha=0.2, out=view), "copy": lambda: np.copyto(view, x),
+           "numpy": lambda: np.maximum(x, a * x, out=view)}
+    if torch is not None:
+        tx = torch.from_numpy(x)
+        fns["torch"] = lambda: F.leaky_relu(tx, 0.2).contiguous(memory_format=torch.channels_last)
+    return fns, 2 * x.nbytes
+
+
+def _view_case(shape, dtype, rng):
+    """The NHWC view of an NCHW array, no out=: the result keeps the input's memory order."""
+    import opkit
+    op = opkit.get("leaky_relu")
+    x = rng.standard_normal(shape).astype(dtype)
+    view = x.transpose(0, 2, 3, 1)
+    return {"opkit": lambda: op(view, alpha=0.2, layout="NHWC"),
+            "opkit contiguous": lambda: op(x, alpha=0.2)}, 2 * x.nbytes
+
+
+def _spatial_case(shape, dtype, rng):
+    import opkit
+    sp, lr = opkit.get("spatial_leaky_relu"), opkit.get("leaky_relu")
+    torch, F = _torch()
+    x = rng.standard_normal(shape).astype(dtype)             # NHWC
+    amap = rng.uniform(0.1, 0.3, shape[:3] + (1,)).astype(dtype)
+    fns = {"opkit": lambda: sp(x, amap, layout="NHWC"), "opkit leaky_relu": lambda: lr(x, alpha=0.2),
+           "numpy": lambda: np.where(x > 0, x, amap * x)}
+    if torch is not None:
+        tx, ta = torch.from_numpy(x), torch.from_numpy(amap)
+        fns["torch"] = lambda: torch.where(tx > 0, tx, ta * tx)
+    return fns, 2 * x.nbytes
+
+
+def _conditional_case(shape, dtype, rng):
+    import opkit
+    cond, lr = opkit.get("conditional_leaky_relu"), opkit.get("leaky_relu")
+    torch, F = _torch()
+    n, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)             # NCHW
+    z = rng.standard_normal((n, 64)).astype(dtype)
+    wt = rng.standard_normal((64, c)).astype(dtype) * dtype(0.1)
+    b = rng.standard_normal(c).astype(dtype)
+
+    def numpy_chain():
+        alpha = 0.1 + 0.2 / (1 + np.exp(-(z @ wt + b)))
+        return np.where(x > 0, x, alpha.astype(dtype)[:, :, None, None] * x)
+
+    fns = {"opkit": lambda: cond(x, z, wt, b), "opkit leaky_relu": lambda: lr(x, alpha=0.2),
+           "numpy": numpy_chain}
+    if torch is not None:
+        tx, tz, tw, tb = (torch.from_numpy(a) for a in (x, z, wt, b))
+
+        def torch_chain():
+            alpha = 0.1 + 0.2 * torch.sigmoid(tz @ tw + tb)
+            return torch.where(tx > 0, tx, alpha[:, :, None, None] * tx)
+        fns["torch"] = torch_chain
+    return fns, 2 * x.nbytes
+
+
+def _fused_bias_case(shape, dtype, rng):
+    import opkit
+    op = opkit.get("fused_bias_leaky_relu")
+    torch, F = _torch()
+    x = rng.standard_normal(shape).astype(dtype)             # NHWC
+    b = rng.standard_normal(shape[-1]).astype(dtype)
+    gain = dtype(math.sqrt(2))
+
+    def numpy_chain():
+        v = x + b
+        return np.clip(np.where(v > 0, v, dtype(0.2) * v) * gain, -256, 256)
+
+    fns = {"opkit": lambda: op(x, b, layout="NHWC", clamp=256.0), "numpy": numpy_chain}
+    if torch is not None:
+        tx, tb = torch.from_numpy(x), torch.from_numpy(b)
+        fns["torch"] = lambda: (F.leaky_relu(tx + tb, 0.2) * float(gain)).clamp(-256, 256)
+    return fns, 2 * x.nbytes
+
+
+def _small_case(shape, dtype, rng):
+    import opkit
+    op = opkit.get("leaky_relu")
+    torch, F = _torch()
+    x = rng.standard_normal(shape).astype(dtype)
+    a = dtype(0.2)
+    fns = {"opkit": lambda: op(x, alpha=0.2), "numpy": lambda: np.maximum(x, a * x)}
+    if torch is not None:
+        tx = torch.from_numpy(x)
+        fns["torch"] = lambda: F.leaky_relu(tx, 0.2)
+    return fns, 2 * x.nbytes
+
+
+def _freq_case(shape, dtype, rng):
+    import opkit
+    op = opkit.get("freq_leaky_relu")
+    x = rng.standard_normal(shape).astype(dtype)
+    return {"opkit": lambda: op(x), "copy": lambda: x.copy()}, 2 * x.nbytes
+
+
+M16 = 16 << 20
+# (case name, builder, shape, dtype, pass, target checks)
+# a check is (label, numerator, denominator, minimum): seconds[numerator] / seconds[denominator]
+TARGETS = [
+    ("leaky_relu float32, 16M, out=", lambda r: _leaky_case((M16,), np.float32, r, True), (M16,),
+     "float32", "forward", [("vs copy bandwidth", "copy", "opkit", 0.9), ("vs torch out=", "torch", "opkit", 1.0)]),
+    ("leaky_relu float32, 16M, allocating", lambda r: _leaky_case((M16,), np.float32, r, False), (M16,),
+     "float32", "forward", [("vs torch allocating", "torch", "opkit", 1.0)]),
+    ("leaky_relu float16, 16M", lambda r: _leaky_case((M16,), np.float16, r, False), (M16,),
+     "float16", "forward", [("vs torch float16", "torch", "opkit", 0.9), ("vs numpy float16", "numpy", "opkit", 30.0)]),
+    ("leaky_relu float32 backward, 16M", lambda r: _leaky_backward_case((M16,), np.float32, r), (M16,),
+     "float32", "backward", [("vs torch leaky_relu_backward", "torch", "opkit", 1.0)]),
+    ("NCHW [8,64,128,128] into NHWC out=", lambda r: _layout_conversion_case((8, 64, 128, 128), np.float32, r),
+     (8, 64, 128, 128), "float32", "forward", [("vs numpy out=view", "numpy", "opkit", 5.0),
+                                               ("vs torch .contiguous(channels_last)", "torch", "opkit", 3.0)]),
+    ("NHWC view of [8,64,128,128], no out=", lambda r: _view_case((8, 64, 128, 128), np.float32, r),
+     (8, 64, 128, 128), "float32", "forward", [("vs the contiguous call", "opkit contiguous", "opkit", 0.9)]),
+    ("16-element arrays, per call", lambda r: _small_case((16,), np.float32, r), (16,), "float32", "forward",
+     [("vs numpy np.maximum(x, alpha * x)", "numpy", "opkit", 1.0)]),
+    ("spatial_leaky_relu NHWC [8,128,128,64]", lambda r: _spatial_case((8, 128, 128, 64), np.float32, r),
+     (8, 128, 128, 64), "float32", "forward", [("vs leaky_relu (time ratio >= 1/1.3)", "opkit leaky_relu", "opkit", 1 / 1.3)]),
+    ("conditional_leaky_relu NCHW [8,64,128,128]", lambda r: _conditional_case((8, 64, 128, 128), np.float32, r),
+     (8, 64, 128, 128), "float32", "forward", [("vs leaky_relu (time ratio >= 1/1.3)", "opkit leaky_relu", "opkit", 1 / 1.3)]),
+    ("fused_bias_leaky_relu NHWC [8,128,128,64]", lambda r: _fused_bias_case((8, 128, 128, 64), np.float32, r),
+     (8, 128, 128, 64), "float32", "forward", [("vs numpy chain", "numpy", "opkit", 3.0), ("vs torch eager chain", "torch", "opkit", 1.5)]),
+]
+
+
+@dataclass
+class TargetResult:
+    case: str
+    check: str
+    ratio: Optional[float]
+    minimum: float
+
+    @property
+    def met(self) -> Optional[bool]:
+        return None if self.ratio is None else self.ratio >= self.minimum
+
+
+def run_targets(repeat: int, rng) -> Tuple[List[Row], List[TargetResult]]:
+    rows, results = [], []
+    for name, build, shape, dtype, pass_, checks in TARGETS:
+        fns, nbytes = build(rng)
+        row = Row(name, name.split()[0], pass_, dtype, shape, nbytes, timed(fns, repeat))
+        rows.append(row)
+        for label, num, den, minimum in checks:
+            results.append(TargetResult(name, label, row.ratio(num, den), minimum))
+        del fns
+    return rows, results
+
+
+def build_times(jobs: int) -> Tuple[float, float]:
+    """`opkit build` of every bundled operator into an empty cache, then again (warm)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, OPKIT_CACHE_DIR=cache)
+        env.pop("OPKIT_PATH", None)
+        out = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "opkit", "build", "-q", "-j", str(jobs)], env=env,
+                           check=True, capture_output=True)
+            out.append(time.perf_counter() - t0)
+    return out[0], out[1]
+
+
+# ------------------------------------------------------------------------------- generic runs
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if mult > 1 else text) * mult)
+
+
+def _shape_for(size: int, layout: str) -> Tuple[int, ...]:
+    if layout == "ND":
+        return (size,)
+    c = 64 if size >= 4096 else 4
+    side = max(int(math.sqrt(size / (2 * c))), 1)
+    return (2, c, side, side) if layout == "NCHW" else (2, side, side, c)
+
+
+def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts: List[str],
+                 passes: List[str], repeat: int, rng) -> List[Row]:
+    """Each operator on inputs shaped like its first input, against the copy of the same bytes
+    and NumPy running the same graph in the same dtype."""
+    import opkit
+    from .runtime.bind import bind
+    from .validate.check import default_attrs
+    from .validate.reference import evaluate
+    rows = []
+    for name in names:
+        op = opkit.get(name)
+        attrs = default_attrs(op.spec)
+        for layout in [l for l in layouts if l in op.spec.layouts] or [op.spec.layouts[0]]:
+            for size in sizes:
+                for dtype in [d for d in dtypes if d in op.spec.dtypes]:
+                    shape = _shape_for(size, layout)
+                    inputs = {}
+                    for i in op.spec.inputs:
+                        if i.shape:
+                            dims = dict(zip(("N", "C", "H", "W"), shape if layout != "NHWC" else
+                                            (shape[0], shape[3], shape[1], shape[2])))
+                            s = tuple(dims.get(d, 16) for d in i.shape)
+                        else:
+                            s = shape
+                        lo, hi = i.domain
+                        inputs[i.name] = rng.uniform(lo, hi, s).astype(dtype)
+                    main = inputs[op.spec.inputs[0].name]
+                    dst = np.empty_like(main)
+                    for pass_ in passes:
+                        if pass_ == "backward" and not op.graphs.differentiable:
+                            continue
+                        if pass_ == "forward":
+                            bound = bind(op.spec, {**inputs, **attrs}, layout, name)
+                            graph = op.graphs.forward
+                            fn = lambda: op(**inputs, **attrs, layout=layout)
+                            nbytes = sum(a.nbytes for a in inputs.values()) + main.nbytes * len(op.spec.outputs)
+                        else:
+                            dys = tuple(np.ones(bound.outputs[o.name][1], dtype) for o in op.spec.outputs)
+                            extra = [(f"d{o.name}", d, o.name) for o, d in zip(op.spec.outputs, dys)]
+                            bound = bind(op.spec, {**inputs, **attrs}, layout, name, extra)
+                            graph = op.graphs.backward
+                            dy = dys if len(dys) > 1 else dys[0]
+                            fn = lambda: op.backward(dy, **inputs, **attrs, layout=layout)
+                            nbytes = 2 * sum(a.nbytes for a in inputs.values()) + sum(d.nbytes for d in dys)
+                        values = dict(bound.values)
+                        fns = {"opkit": fn, "copy": lambda: np.copyto(dst, main),
+                               "numpy": lambda: evaluate(graph, values, bound.attrs, dtype=np.dtype(dtype))}
+                        t = timed(fns, repeat)
+                        # the copy moves one input's bytes; scale it to this call's traffic
+                        t["copy"] *= nbytes / (2 * main.nbytes)
+                        rows.append(Row(f"{name} {pass_} {layout} {size}", name, pass_, dtype, shape, nbytes, t))
+    return rows
+
+
+# ------------------------------------------------------------------------------- reports
+
+def machine() -> Dict[str, object]:
+    from .target import current
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    torch, _ = _torch()
+    from .config import get
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": get("num_threads"),
+            "target": current().describe(), "python": platform.python_version(),
+            "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
+            "opkit": __version__, "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def format_rows(rows: List[Row]) -> str:
+    head = ["case", "dtype", "opkit ms", "GB/s", "copy GB/s", "vs copy", "numpy ms", "x numpy",
+            "torch ms", "x torch"]
+    table = []
+    for r in rows:
+        s = r.seconds
+        table.append([r.case, r.dtype, _fmt(s.get("opkit", 0) * 1e3, ".4g"), _fmt(r.gbps("opkit"), ".1f"),
+                      _fmt(r.gbps("copy"), ".1f"), _fmt(r.ratio("copy"), ".2f"),
+                      _fmt(s.get("numpy") and s["numpy"] * 1e3, ".4g"), _fmt(r.ratio("numpy"), ".2f"),
+                      _fmt(s.get("torch") and s["torch"] * 1e3, ".4g"), _fmt(r.ratio("torch"), ".2f")])
+    widths = [max(len(str(x[i])) for x in table + [head]) for i in range(len(head))]
+    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(t) for t in table])
+
+
+def format_targets(results: List[TargetResult]) -> str:
+    out = []
+    for t in results:
+        state = "n/a (torch not installed)" if t.met is None else ("met" if t.met else "NOT MET")
+        out.append(f"{t.case:<44} {t.check:<40} {_fmt(t.ratio, '7.2f')}x  (>= {t.minimum:.2f}x)  {state}")
+    return "\n".join(out)
+
+
+def plot(rows: List[Row], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    who = ["opkit", "copy", "numpy", "torch"]
+    fig, ax = plt.subplots(figsize=(11, 0.55 * len(rows) + 1.5))
+    height = 0.2
+    for k, name in enumerate(who):
+        vals = [r.gbps(name) or 0 for r in rows]
+        ax.barh([i + k * height for i in range(len(rows))], vals, height, label=name)
+    ax.set_yticks([i + 1.5 * height for i in range(len(rows))])
+    ax.set_yticklabels([f"{r.case} ({r.dtype})" for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("GB/s (bytes read + written per call / median time)")
+    ax.legend(loc="lower right")
+    ax.set_title("opkit bench")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="time kernels against the copy bandwidth, NumPy and PyTorch")
+    b.add_argument("names", nargs="*", help="operators to time (default: the performance targets)")
+    b.add_argument("--sizes", default="16,64K,16M", help="elements per input, e.g. 16,64K,16M")
+    b.add_argument("--dtypes", default="float32,float16", help="comma-separated dtypes")
+    b.add_argument("--layouts", default="ND,NCHW,NHWC", help="layouts to try where an operator has them")
+    b.add_argument("--passes", default="forward,backward")
+    b.add_argument("--threads", type=int, help="kernel threads (default: all cores); torch uses the same")
+    b.add_argument("--repeat", type=int, default=15, help="interleaved rounds per case (median)")
+    b.add_argument("--build-times", action="store_true", help="also time a cold and a warm `opkit build`")
+    b.add_argument("--json", default="", help="write the results here (default: bench-<date>.json)")
+    b.add_argument("--plot", default="", metavar="PNG", help="draw a chart (needs matplotlib)")
+    b.set_defaults(func=main)
+
+
+def main(args) -> int:
+    import opkit
+    if args.threads:
+        opkit.configure(num_threads=args.threads)
+    torch, _ = _torch()
+    if torch is not None:
+        from .config import get
+        torch.set_num_threads(get("num_threads"))
+    rng = np.random.default_rng(0)
+    info = machine()
+    print(f"# {info['cpu']}, {info['cores']} cores, {info['threads']} threads; {info['target']}")
+    print(f"# numpy {info['numpy']}, torch {info['torch'] or 'not installed'}, opkit {info['opkit']}")
+    results: List[TargetResult] = []
+    if args.names:
+        rows = generic_rows(args.names, [_parse_size(s) for s in args.sizes.split(",")],
+                            args.dtypes.split(","), args.layouts.split(","), args.passes.split(","),
+                            args.repeat, rng)
+    else:
+        rows, results = run_targets(args.repeat, rng)
+    print(format_rows(rows))
+    builds = None
+    if args.build_times:
+        from .config import get
+        builds = build_times(get("num_threads"))
+        for label, seconds, limit in (("cold", builds[0], 90.0), ("warm", builds[1], 2.0)):
+            results.append(TargetResult(f"opkit build, {label} cache", "seconds (limit)", limit / seconds, 1.0))
+            print(f"opkit build, {label} cache: {seconds:.1f} s (target <= {limit:.0f} s)")
+    if results:
+        print()
+        print(format_targets(results))
+    path = args.json or f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    with open(path, "w") as fh:
+        json.dump({"machine": info, "command": " ".join(sys.argv),
+                   "rows": [asdict(r) for r in rows],
+                   "targets": [dict(asdict(t), met=t.met) for t in results],
+                   "build_seconds": builds}, fh, indent=1, default=str)
+    print(f"\nwrote {path}")
+    if args.plot:
+        try:
+            plot(rows, args.plot)
+            print(f"wrote {args.plot}")
+        except ImportError:
+            print("opkit bench: --plot needs matplotlib (pip install 'opkit[plot]')", file=sys.stderr)
+            return 1
+    return 0
