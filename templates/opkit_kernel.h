@@ -186,6 +186,45 @@ static inline void opk_store_d(char *dst, Py_ssize_t stride, int code, const dou
     }
 }
 
+/* ---------------------------------------------------------------- streaming stores */
+
+/* Outputs much larger than the caches are written with non-temporal stores: the lines go
+ * straight to memory instead of being read first (read-for-ownership) and evicted later. */
+#define OPK_STREAM_MIN 65536  /* elements per row piece from which a kernel streams */
+
+static inline void opk_stream_f(float *dst, const float *src, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+#if OPK_F16_HW && defined(__AVX512F__)
+    for (; i < n && ((uintptr_t)(dst + i) & 63); i++) dst[i] = src[i];
+    for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#elif OPK_F16_HW
+    for (; i < n && ((uintptr_t)(dst + i) & 31); i++) dst[i] = src[i];
+    for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+#endif
+    for (; i < n; i++) dst[i] = src[i];
+}
+
+static inline void opk_stream_d(double *dst, const double *src, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+#if OPK_F16_HW && defined(__AVX512F__)
+    for (; i < n && ((uintptr_t)(dst + i) & 63); i++) dst[i] = src[i];
+    for (; i + 8 <= n; i += 8) _mm512_stream_pd(dst + i, _mm512_loadu_pd(src + i));
+#elif OPK_F16_HW
+    for (; i < n && ((uintptr_t)(dst + i) & 31); i++) dst[i] = src[i];
+    for (; i + 4 <= n; i += 4) _mm256_stream_pd(dst + i, _mm256_loadu_pd(src + i));
+#endif
+    for (; i < n; i++) dst[i] = src[i];
+}
+
+static inline void opk_fence(void)
+{
+#if OPK_F16_HW
+    _mm_sfence();  /* streamed lines are visible to every thread once the kernel returns */
+#endif
+}
+
 /* ---------------------------------------------------------------- transposition */
 
 /* dst[i * ldd + r] = src[r * lds + i] for r < nr, i < ni: a block computed in the input's order

@@ -202,10 +202,11 @@ def _run_fourier(ctx: Context, args, params):
     (arr, names), factor = args
     dim, kind = params
     u = int(round(_scalar(factor)))
-    if dim not in names:
-        # constant along `dim` (a broadcast gradient): resampling a constant keeps it constant,
-        # and the adjoints scale it by the ratio of lengths
-        return arr * {"up": 1.0, "down": 1.0, "up_T": float(u), "down_T": 1.0 / u}[kind], names
+    if dim not in names or arr.shape[names.index(dim)] == 1:
+        # constant along `dim` (broadcast, or a signal of length 1): resampling a constant keeps
+        # it constant, and the adjoints scale it by the ratio of the lengths
+        factor = {"up": 1.0, "down": 1.0, "up_T": float(u), "down_T": 1.0 / u}[kind]
+        return np.asarray(arr * np.asarray(factor, arr.dtype)), names
     axis = names.index(dim)
     length, nyq, scale = _FOURIER[kind]
     if kind in ("down", "up_T") and arr.shape[axis] % u:

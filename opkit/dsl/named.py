@@ -34,20 +34,27 @@ def union_names(all_names: Sequence[Names]) -> Names:
     return tuple(next(it) if n.startswith("@") else n for n in out)
 
 
-def dim_sizes(values: Sequence[Tuple[np.ndarray, Names]], labels: Sequence[str]) -> Dict[str, int]:
-    """The size of every dim; a dim of size 1 broadcasts. ValueError names the clashing arguments."""
+def dim_sizes(values: Sequence[Tuple[np.ndarray, Names]], labels: Sequence[str],
+              exact: Sequence[bool] = ()) -> Dict[str, int]:
+    """The size of every dim. A size of 1 broadcasts, except in the values marked exact (inputs
+    with declared dims: their sizes are what the declaration says). ValueError names the
+    clashing arguments."""
     sizes: Dict[str, int] = {}
     owner: Dict[str, str] = {}
-    for (arr, names), label in zip(values, labels):
+    firm: Dict[str, bool] = {}
+    exact = list(exact) + [False] * (len(values) - len(exact))
+    for (arr, names), label, strict in zip(values, labels, exact):
         for n, s in zip(names, arr.shape):
-            if s == 1 and n in sizes:
+            if n not in sizes or (sizes[n] == 1 and not firm[n] and s != 1):
+                sizes[n], owner[n], firm[n] = s, label, strict
+            elif sizes[n] == s:
+                firm[n] = firm[n] or strict
+            elif s == 1 and not strict:
                 continue
-            if n not in sizes or sizes[n] == 1:
-                sizes[n], owner[n] = s, label
-            elif sizes[n] != s:
-                raise ValueError(
-                    f"{label} has size {s} along {describe(n)} but {owner[n]} has size "
-                    f"{sizes[n]}; they do not broadcast (sizes must match or be 1)")
+            else:
+                rule = "sizes must match" if strict or firm[n] else "sizes must match or be 1"
+                raise ValueError(f"{label} has size {s} along {describe(n)} but {owner[n]} has "
+                                 f"size {sizes[n]} ({rule})")
     return sizes
 
 

@@ -164,7 +164,15 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
     names = input_names(spec, arrays, layout, where)
     values = {f"in:{n}": (arrays[n], names[n]) for n in arrays}
     labels = [_label(n, arrays[n]) for n in arrays]
-    sizes = named.dim_sizes(list(values.values()), labels)
+    # inputs with declared dims (shape: [...] or a 4-d layout) have exactly those sizes; the
+    # layout-agnostic ones broadcast by NumPy's rules
+    exact = [not all(n.startswith("@") for n in names[i.name]) and
+             (i.shape is not None or (i.layouts_declared and layout in LAYOUT_DIMS))
+             for i in spec.inputs]
+    try:
+        sizes = named.dim_sizes(list(values.values()), labels, exact)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
     float_dtypes = [a.dtype for a in arrays.values() if a.dtype.name in FLOAT_DTYPES]
     dtype = np.result_type(*float_dtypes) if float_dtypes else np.dtype(spec.dtypes[0])
     if dtype.name not in spec.dtypes:
@@ -184,7 +192,7 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
                                 f"{where}: {_label(i.name, arr)} does not broadcast to "
                                 f"{_label(o.like, like_arr)}: {named.describe(n)} has size {s}, "
                                 f"expected {like_arr.shape[like_names.index(n)]} or 1")
-                    elif pos and s != 1:
+                    elif pos:
                         raise ValueError(f"{where}: {_label(i.name, arr)} does not broadcast to "
                                          f"{_label(o.like, like_arr)}: it has more dims")
             outputs[o.name] = (like_names, like_arr.shape, like_arr)

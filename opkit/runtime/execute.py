@@ -131,6 +131,7 @@ class Executor:
                 # library calls compute in the compute dtype, like kernels: never in float16
                 args.append((arr.astype(compute) if arr.dtype.itemsize < compute.itemsize else arr, nm))
         arr, nm = LIBRARY[step.prim].run(ctx, args, step.params)
+        arr = np.asarray(arr)  # kernels take arrays, never NumPy scalars
         if step.result.startswith("out:"):
             if step.result not in env:
                 env[step.result] = self._allocate(like[step.result], out_dtypes[step.result])
