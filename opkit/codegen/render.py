@@ -73,9 +73,13 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str) -> List[str]:
             lines.append(f"{ins.dst} = p{ins.args[0]}[j]")
             continue
         args = [_operand(a, ct) for a in ins.args]
-        expr = PRIMITIVES[ins.op].cython.format(*args, f=ct.libm)
+        form = PRIMITIVES[ins.op].cython
         where = f"  # {file_name}:{ins.loc.line}" if ins.loc else ""
-        lines.append(f"{ins.dst} = {expr}{where}")
+        if "{d}" in form:  # statements of their own
+            for statement in form.split("\n"):
+                lines.append(statement.format(*args, f=ct.libm, d=ins.dst, t=ins.dst + "_t") + where)
+            continue
+        lines.append(f"{ins.dst} = {form.format(*args, f=ct.libm)}{where}")
     for i, res in enumerate(kernel.results):
         lines.append(f"q{i}[j] = {_operand(res, ct)}")
     return lines
@@ -105,6 +109,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str) -> D
         if ct not in instances:
             instances.append(ct)
     floats = [i.dst for i in kernel.body if i.kind == "float"]
+    floats += [i.dst + "_t" for i in kernel.body if i.op in PRIMITIVES and "{t}" in PRIMITIVES[i.op].cython]
     bools = [i.dst for i in kernel.body if i.kind == "bool"]
     return {
         "name": kernel.name,

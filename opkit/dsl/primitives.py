@@ -27,7 +27,8 @@ class Primitive:
     arg_kinds: Tuple[str, ...]          # "float" or "bool" per argument
     out_kind: str
     numpy: Callable                      # reference meaning on float64 / bool arrays
-    cython: str                          # expression; {0}.. are arguments, {f} the libm suffix
+    cython: str                          # expression; {0}.. are arguments, {f} the libm suffix;
+                                         # or statements assigning {d} (using a temporary {t})
     tbe: str                             # TBE instruction (vector-vector form)
     tbe_scalar: Optional[str]            # the vector-scalar form, when TBE has one (vmuls ...)
     cost: float                          # vector instructions per element (static estimate)
@@ -221,15 +222,22 @@ _register(Primitive("where", (B, F, F), F, np.where, "({1} if {0} else {2})", "v
 
 def _minmax_vjp(cmp):
     def rule(g, out, x, y):
-        sel = apply("or", apply(cmp, x, y), apply("ne", x, x))
-        return (where(sel, g, ZERO), where(sel, ZERO, g))
+        # the forward picks x where x is NaN or wins the comparison; written as two selects
+        # (not a select on `cmp | isnan`), which GCC vectorizes in long chains
+        nan = apply("ne", x, x)
+        wins = apply(cmp, x, y)
+        return (where(nan, g, where(wins, g, ZERO)), where(nan, ZERO, where(wins, ZERO, g)))
     return rule
 
 
-# Ties and NaN pick the first argument (NaN propagates), and so does the gradient.
-_register(Primitive("min", (F, F), F, _np_min, "({0} if (({0} <= {1}) | ({0} != {0})) else {1})",
+# Ties and NaN pick the first argument (NaN propagates), and so does the gradient. Two plain
+# selects in a row ({t} is a temporary): GCC vectorizes chains of these, while it gives up on
+# chains of selects on `(x <= y) | (x != x)`.
+_register(Primitive("min", (F, F), F, _np_min,
+                    "{t} = ({0} if {0} <= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
                     "vmin", "vmins", 1, _minmax_vjp("le"), doc="min(x, y); NaN propagates"))
-_register(Primitive("max", (F, F), F, _np_max, "({0} if (({0} >= {1}) | ({0} != {0})) else {1})",
+_register(Primitive("max", (F, F), F, _np_max,
+                    "{t} = ({0} if {0} >= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
                     "vmax", "vmaxs", 1, _minmax_vjp("ge"), doc="max(x, y); NaN propagates"))
 
 # ------------------------------------------------------------------------------ transcendental

@@ -80,7 +80,7 @@ class Executor:
                         skipped.add(lib.name)
                         continue
                 env[vid] = self._temp(ins, step.inputs, temp_dtype)
-            self._kernel(step, env, bound, module, tag)
+            self._kernel(step, env, bound, module, tag, any(v in out_arrays for v in step.outputs))
         for out_name, vid in self.plan.outputs:
             results[out_name] = env[vid][0]
         return results
@@ -96,7 +96,8 @@ class Executor:
         sizes = named.dim_sizes(ins, [display_value(v) for v in labels])
         return np.empty(tuple(sizes[n] for n in nm), dtype=dtype), nm
 
-    def _kernel(self, k: Kernel, env: Dict[str, Value], bound: Bound, module, tag: str) -> None:
+    def _kernel(self, k: Kernel, env: Dict[str, Value], bound: Bound, module, tag: str,
+                warm: bool) -> None:
         out_arr, iter_names = env[k.outputs[0]]
         iter_shape = out_arr.shape
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
@@ -115,7 +116,7 @@ class Executor:
                         len(k.outputs), DTYPE_CODES[compute_dtype(bound.dtype.name)])
         fn = getattr(module, f"{k.name}_{tag}")
         fn(geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
-           thread_count(total, k.schedule))
+           thread_count(total, k.schedule), warm)
 
     def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like) -> None:
         ctx = Context({k[3:]: v for k, v in env.items() if k.startswith("in:")})
