@@ -230,7 +230,8 @@ static inline void opk_fence(void)
 /* dst[i * ldd + r] = src[r * lds + i] for r < nr, i < ni: a block computed in the input's order
  * written in the output's. AVX-512 transposes 16 x 16 floats (8 x 8 doubles) in registers. */
 #if OPK_F16_HW && defined(__AVX512F__)
-static inline void opk_t16x16(float *dst, Py_ssize_t ldd, const float *src, Py_ssize_t lds)
+static inline void opk_t16x16(float *dst, Py_ssize_t ldd, const float *src, Py_ssize_t lds,
+                              int stream)
 {
     __m512 r[16], t[16], u[16];
     for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_ps(src + k * lds);
@@ -250,10 +251,19 @@ static inline void opk_t16x16(float *dst, Py_ssize_t ldd, const float *src, Py_s
         __m512 p1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);
         __m512 p2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
         __m512 p3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
-        _mm512_storeu_ps(dst + (0 + j) * ldd, _mm512_shuffle_f32x4(p0, p2, 0x88));
-        _mm512_storeu_ps(dst + (4 + j) * ldd, _mm512_shuffle_f32x4(p1, p3, 0x88));
-        _mm512_storeu_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(p0, p2, 0xDD));
-        _mm512_storeu_ps(dst + (12 + j) * ldd, _mm512_shuffle_f32x4(p1, p3, 0xDD));
+        __m512 q0 = _mm512_shuffle_f32x4(p0, p2, 0x88), q1 = _mm512_shuffle_f32x4(p1, p3, 0x88);
+        __m512 q2 = _mm512_shuffle_f32x4(p0, p2, 0xDD), q3 = _mm512_shuffle_f32x4(p1, p3, 0xDD);
+        if (stream) {  /* whole aligned lines into memory the caller gave: no read for ownership */
+            _mm512_stream_ps(dst + (0 + j) * ldd, q0);
+            _mm512_stream_ps(dst + (4 + j) * ldd, q1);
+            _mm512_stream_ps(dst + (8 + j) * ldd, q2);
+            _mm512_stream_ps(dst + (12 + j) * ldd, q3);
+        } else {
+            _mm512_storeu_ps(dst + (0 + j) * ldd, q0);
+            _mm512_storeu_ps(dst + (4 + j) * ldd, q1);
+            _mm512_storeu_ps(dst + (8 + j) * ldd, q2);
+            _mm512_storeu_ps(dst + (12 + j) * ldd, q3);
+        }
     }
 }
 
@@ -282,13 +292,15 @@ static inline void opk_t8x8d(double *dst, Py_ssize_t ldd, const double *src, Py_
 #endif
 
 static void opk_transpose_f(float *dst, Py_ssize_t ldd, const float *src, Py_ssize_t lds,
-                            Py_ssize_t nr, Py_ssize_t ni)
+                            Py_ssize_t nr, Py_ssize_t ni, int stream)
 {
     Py_ssize_t r0 = 0, i0 = 0;
 #if OPK_TRANSPOSE_HW
+    /* streaming needs every 16-float row start on a 64-byte line */
+    stream = stream && !((uintptr_t)dst & 63) && !((ldd * 4) & 63);
     for (i0 = 0; i0 + 16 <= ni; i0 += 16)
         for (r0 = 0; r0 + 16 <= nr; r0 += 16)
-            opk_t16x16(dst + i0 * ldd + r0, ldd, src + r0 * lds + i0, lds);
+            opk_t16x16(dst + i0 * ldd + r0, ldd, src + r0 * lds + i0, lds, stream);
     /* the ragged edges below */
     for (Py_ssize_t i = 0; i < i0; i++)
         for (Py_ssize_t r = nr - nr % 16; r < nr; r++) dst[i * ldd + r] = src[r * lds + i];
@@ -296,6 +308,7 @@ static void opk_transpose_f(float *dst, Py_ssize_t ldd, const float *src, Py_ssi
     for (Py_ssize_t i = i0; i < ni; i++)
         for (Py_ssize_t r = 0; r < nr; r++) dst[i * ldd + r] = src[r * lds + i];
     (void)r0;
+    (void)stream;
 }
 
 static void opk_transpose_d(double *dst, Py_ssize_t ldd, const double *src, Py_ssize_t lds,
@@ -317,17 +330,25 @@ static void opk_transpose_d(double *dst, Py_ssize_t ldd, const double *src, Py_s
 
 #define OPK_MAXDIM 64
 #define OPK_MAXOPS 32
-#define OPK_BLOCK 64   /* elements per side of a transposing block */
+/* a transposing block: OPK_BLOCK_O elements along the outputs' contiguous dim (one 64-byte line
+ * of float32) by OPK_BLOCK_I along the inputs' (long sequential reads, few streams) */
+#ifndef OPK_BLOCK_O
+#define OPK_BLOCK_O 16
+#endif
+#ifndef OPK_BLOCK_I
+#define OPK_BLOCK_I 512
+#endif
 
 /* geometry, built by opkit/runtime/geometry.py as an intp array:
- *   [ndim, nops, nout, tdim, ccode, shape[ndim], strides[nops][ndim] (bytes), codes[nops]]
+ *   [ndim, nops, nout, tdim, ccode, stream, shape[ndim], strides[nops][ndim] (bytes), codes[nops]]
  * the last dim is the one the outputs are contiguous along; ndim >= 1. With tdim >= 0 the
  * walk goes in blocks of OPK_BLOCK x OPK_BLOCK over the last dim and dim tdim (along which the
  * inputs are contiguous): rows along tdim are computed into a block buffer in the compute type
- * (ccode) and the buffer is transposed into the outputs. Work units are elements, or blocks. */
+ * (ccode) and the buffer is transposed into the outputs, with streaming stores when `stream` says
+ * the outputs are memory the caller gave. Work units are elements, or blocks. */
 typedef void (*opk_segment_fn)(Py_ssize_t n, char **ptr, Py_ssize_t *step, int *code, void *ctx);
 
-enum { OPK_G_NDIM, OPK_G_NOPS, OPK_G_NOUT, OPK_G_TDIM, OPK_G_CCODE, OPK_G_SHAPE };
+enum { OPK_G_NDIM, OPK_G_NOPS, OPK_G_NOUT, OPK_G_TDIM, OPK_G_CCODE, OPK_G_STREAM, OPK_G_SHAPE };
 
 static inline Py_ssize_t opk_cdiv(Py_ssize_t a, Py_ssize_t b) { return (a + b - 1) / b; }
 
@@ -337,7 +358,8 @@ static inline Py_ssize_t opk_units(const Py_ssize_t *g)
     const Py_ssize_t *shape = g + OPK_G_SHAPE;
     Py_ssize_t total = 1;
     for (Py_ssize_t d = 0; d < nd; d++) {
-        if (td >= 0 && (d == td || d == nd - 1)) total *= opk_cdiv(shape[d], OPK_BLOCK);
+        if (td >= 0 && d == td) total *= opk_cdiv(shape[d], OPK_BLOCK_I);
+        else if (td >= 0 && d == nd - 1) total *= opk_cdiv(shape[d], OPK_BLOCK_O);
         else total *= shape[d];
     }
     return total;
@@ -388,19 +410,19 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
 {
     const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
     const Py_ssize_t td = g[OPK_G_TDIM], od = nd - 1;
-    const int ccode = (int)g[OPK_G_CCODE];
+    const int ccode = (int)g[OPK_G_CCODE], stream = (int)g[OPK_G_STREAM];
     const Py_ssize_t csize = ccode == OPK_F64 ? 8 : 4;
     const Py_ssize_t *shape = g + OPK_G_SHAPE;
     const Py_ssize_t *strides = shape + nd;
     const Py_ssize_t *codes = strides + nops * nd;
-    const Py_ssize_t nbo = opk_cdiv(shape[od], OPK_BLOCK), nbi = opk_cdiv(shape[td], OPK_BLOCK);
+    const Py_ssize_t nbo = opk_cdiv(shape[od], OPK_BLOCK_O), nbi = opk_cdiv(shape[td], OPK_BLOCK_I);
     char *ptr[OPK_MAXOPS], *origin[OPK_MAXOPS];
     Py_ssize_t step[OPK_MAXOPS];
     int code[OPK_MAXOPS];
-    /* one block buffer per output, in the compute type: OPK_BLOCK rows of OPK_BLOCK */
-    char *buf = (char *)PyMem_RawMalloc((size_t)(nout ? nout : 1) * OPK_BLOCK * OPK_BLOCK * csize);
-    float tmp_f[OPK_BLOCK];
-    double tmp_d[OPK_BLOCK];
+    /* one block buffer per output, in the compute type: OPK_BLOCK_O rows of OPK_BLOCK_I */
+    char *buf = (char *)PyMem_RawMalloc((size_t)(nout ? nout : 1) * OPK_BLOCK_O * OPK_BLOCK_I * csize);
+    float tmp_f[OPK_BLOCK_O];
+    double tmp_d[OPK_BLOCK_O];
     if (buf == NULL) return;  /* never for 32 KB; the caller checks nothing, so be safe */
     for (Py_ssize_t u = start; u < stop; u++) {
         Py_ssize_t ob = u % nbo, rest = u / nbo;
@@ -413,9 +435,9 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
             rest /= shape[d];
             for (Py_ssize_t k = 0; k < nops; k++) origin[k] += i * strides[k * nd + d];
         }
-        const Py_ssize_t o0 = ob * OPK_BLOCK, i0 = ib * OPK_BLOCK;
-        const Py_ssize_t bo = shape[od] - o0 < OPK_BLOCK ? shape[od] - o0 : OPK_BLOCK;
-        const Py_ssize_t bi = shape[td] - i0 < OPK_BLOCK ? shape[td] - i0 : OPK_BLOCK;
+        const Py_ssize_t o0 = ob * OPK_BLOCK_O, i0 = ib * OPK_BLOCK_I;
+        const Py_ssize_t bo = shape[od] - o0 < OPK_BLOCK_O ? shape[od] - o0 : OPK_BLOCK_O;
+        const Py_ssize_t bi = shape[td] - i0 < OPK_BLOCK_I ? shape[td] - i0 : OPK_BLOCK_I;
         for (Py_ssize_t k = 0; k < nops; k++)
             origin[k] += o0 * strides[k * nd + od] + i0 * strides[k * nd + td];
         for (Py_ssize_t r = 0; r < bo; r++) {           /* rows along tdim, into the buffer */
@@ -425,7 +447,7 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
                     step[k] = strides[k * nd + td];
                     code[k] = (int)codes[k];
                 } else {
-                    ptr[k] = buf + ((k - (nops - nout)) * OPK_BLOCK + r) * OPK_BLOCK * csize;
+                    ptr[k] = buf + ((k - (nops - nout)) * OPK_BLOCK_O + r) * OPK_BLOCK_I * csize;
                     step[k] = csize;
                     code[k] = ccode;
                 }
@@ -433,26 +455,27 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
             fn(bi, ptr, step, code, ctx);
         }
         for (Py_ssize_t k = nops - nout; k < nops; k++) {  /* transpose into the outputs */
-            const char *src = buf + (k - (nops - nout)) * OPK_BLOCK * OPK_BLOCK * csize;
+            const char *src = buf + (k - (nops - nout)) * OPK_BLOCK_O * OPK_BLOCK_I * csize;
             const Py_ssize_t so = strides[k * nd + od], si = strides[k * nd + td];
             if ((int)codes[k] == ccode && so == csize && si % csize == 0) {
                 if (ccode == OPK_F64)
-                    opk_transpose_d((double *)origin[k], si / 8, (const double *)src, OPK_BLOCK, bo, bi);
+                    opk_transpose_d((double *)origin[k], si / 8, (const double *)src, OPK_BLOCK_I, bo, bi);
                 else
-                    opk_transpose_f((float *)origin[k], si / 4, (const float *)src, OPK_BLOCK, bo, bi);
+                    opk_transpose_f((float *)origin[k], si / 4, (const float *)src, OPK_BLOCK_I, bo, bi, stream);
                 continue;
             }
             for (Py_ssize_t i = 0; i < bi; i++) {       /* convert / scatter: one output row */
                 if (ccode == OPK_F64) {
-                    for (Py_ssize_t r = 0; r < bo; r++) tmp_d[r] = ((const double *)src)[r * OPK_BLOCK + i];
+                    for (Py_ssize_t r = 0; r < bo; r++) tmp_d[r] = ((const double *)src)[r * OPK_BLOCK_I + i];
                     opk_store_d(origin[k] + i * si, so, (int)codes[k], tmp_d, bo);
                 } else {
-                    for (Py_ssize_t r = 0; r < bo; r++) tmp_f[r] = ((const float *)src)[r * OPK_BLOCK + i];
+                    for (Py_ssize_t r = 0; r < bo; r++) tmp_f[r] = ((const float *)src)[r * OPK_BLOCK_I + i];
                     opk_store_f(origin[k] + i * si, so, (int)codes[k], tmp_f, bo);
                 }
             }
         }
     }
+    if (stream) opk_fence();
     PyMem_RawFree(buf);
 }
 

@@ -113,7 +113,7 @@ class Executor:
             return
         codes = [DTYPE_CODES[arr.dtype.name] for arr, _ in operands]
         geom = geometry(iter_shape, strides, codes, [arr.itemsize for arr, _ in operands],
-                        len(k.outputs), DTYPE_CODES[compute_dtype(bound.dtype.name)])
+                        len(k.outputs), DTYPE_CODES[compute_dtype(bound.dtype.name)], warm)
         fn = getattr(module, f"{k.name}_{tag}")
         fn(geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
            thread_count(total, k.schedule), warm)
