@@ -17,6 +17,15 @@ from ..dsl import named
 from ..spec.model import FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
+_NAMES = {np.dtype(d): d for d in FLOAT_DTYPES}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """dtype.name without its cost (NumPy computes the name anew on each access)."""
+    name = _NAMES.get(dtype)
+    return name if name is not None else dtype.name
+
+
 _KIND = {"float": "a float", "int": "an integer", "bool": "True or False"}
 
 
@@ -104,7 +113,7 @@ def as_array(value, name: str, allowed: Sequence[str], where: str) -> np.ndarray
             arr = np.asarray(value)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{where}: {name} must be an array, got {type(value).__name__} ({exc})") from None
-    if arr.dtype.name not in allowed:
+    if dtype_name(arr.dtype) not in allowed:
         raise TypeError(f"{where}: {name} must be an array of {_or_list(allowed)}, got dtype "
                         f"{arr.dtype.name}" + (f"; convert it with .astype(np.{allowed[-1]})"
                                                if arr.dtype.kind in "iubf" else ""))
@@ -156,11 +165,18 @@ def _label(name: str, arr: np.ndarray) -> str:
     return f"{name} (shape {arr.shape})"
 
 
-def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
-         extra: Sequence[Tuple[str, object, str]] = ()) -> Bound:
-    """Check inputs, attrs and layout. `extra` are (name, value, like-output) cotangent arrays."""
-    layout = choose_layout(spec, layout, where)
-    arrays = {i.name: as_array(given[i.name], i.name, i.dtypes, where) for i in spec.inputs}
+@dataclass(frozen=True)
+class Shapes:
+    """What a call's shapes and dtypes decide; the same for every call with the same ones."""
+
+    names: Dict[str, Tuple[str, ...]]       # value id -> dim names of its axes
+    sizes: Dict[str, int]
+    outputs: Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...], Optional[str]]]  # .., like input
+    dtype: np.dtype
+
+
+def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str,
+            extra: Sequence[Tuple[str, np.ndarray, str]]) -> Shapes:
     names = input_names(spec, arrays, layout, where)
     values = {f"in:{n}": (arrays[n], names[n]) for n in arrays}
     labels = [_label(n, arrays[n]) for n in arrays]
@@ -173,9 +189,9 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
         sizes = named.dim_sizes(list(values.values()), labels, exact)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    float_dtypes = [a.dtype for a in arrays.values() if a.dtype.name in FLOAT_DTYPES]
+    float_dtypes = [a.dtype for a in arrays.values() if dtype_name(a.dtype) in FLOAT_DTYPES]
     dtype = np.result_type(*float_dtypes) if float_dtypes else np.dtype(spec.dtypes[0])
-    if dtype.name not in spec.dtypes:
+    if dtype_name(dtype) not in spec.dtypes:
         raise TypeError(f"{where}: the inputs together need dtype {dtype.name}, which this "
                         f"operator does not support ({', '.join(spec.dtypes)})")
     outputs = {}
@@ -195,13 +211,13 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
                     elif pos:
                         raise ValueError(f"{where}: {_label(i.name, arr)} does not broadcast to "
                                          f"{_label(o.like, like_arr)}: it has more dims")
-            outputs[o.name] = (like_names, like_arr.shape, like_arr)
+            outputs[o.name] = (like_names, like_arr.shape, o.like)
         else:
             union = named.union_names([nm for _, nm in values.values()])
             outputs[o.name] = (union, tuple(sizes[n] for n in union), None)
-    for name, value, like_out in extra:
+    all_names = {vid: nm for vid, (_, nm) in values.items()}
+    for name, arr, like_out in extra:
         out_names, out_shape, _ = outputs[like_out]
-        arr = as_array(value, name, FLOAT_DTYPES, where)
         if arr.ndim > len(out_names):
             raise ValueError(f"{where}: {_label(name, arr)} must have the shape of output "
                              f"{like_out} {tuple(out_shape)}")
@@ -210,6 +226,33 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
             if s not in (1, out_shape[out_names.index(n)]):
                 raise ValueError(f"{where}: {_label(name, arr)} must have the shape of output "
                                  f"{like_out} {tuple(out_shape)} (or broadcast to it)")
-        values[f"in:{name}"] = (arr, nm)
+        all_names[f"in:{name}"] = nm
         dtype = np.result_type(dtype, arr.dtype)
-    return Bound(layout, values, sizes, check_attrs(spec, given, where), dtype, outputs)
+    return Shapes(all_names, sizes, outputs, dtype)
+
+
+_CACHE_LIMIT = 256
+
+
+def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
+         extra: Sequence[Tuple[str, object, str]] = (), cache: Optional[dict] = None) -> Bound:
+    """Check inputs, attrs and layout. `extra` are (name, value, like-output) cotangent arrays.
+    `cache` (one per operator) remembers what the shapes decided for calls with the same ones."""
+    layout = choose_layout(spec, layout, where)
+    arrays = {i.name: as_array(given[i.name], i.name, i.dtypes, where) for i in spec.inputs}
+    extras = [(name, as_array(value, name, FLOAT_DTYPES, where), like) for name, value, like in extra]
+    key = (layout, tuple((a.shape, a.dtype) for a in arrays.values()),
+           tuple((n, a.shape, a.dtype, like) for n, a, like in extras))
+    shapes = cache.get(key) if cache is not None else None
+    if shapes is None:
+        shapes = _shapes(spec, arrays, layout, where, extras)
+        if cache is not None:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            cache[key] = shapes
+    values = {f"in:{n}": (a, shapes.names[f"in:{n}"]) for n, a in arrays.items()}
+    for name, arr, _ in extras:
+        values[f"in:{name}"] = (arr, shapes.names[f"in:{name}"])
+    outputs = {o: (nm, shape, arrays[like] if like else None)
+               for o, (nm, shape, like) in shapes.outputs.items()}
+    return Bound(layout, values, shapes.sizes, check_attrs(spec, given, where), shapes.dtype, outputs)

@@ -12,7 +12,7 @@ from ..dsl.library import LIBRARY, Context
 from ..lower import Kernel, LibCall, Plan, compute_dtype
 from ..lower import display as display_value
 from ..config import get as setting
-from .bind import Bound
+from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
@@ -33,6 +33,7 @@ class Executor:
     def __init__(self, plan: Plan, where: str):
         self.plan = plan
         self.where = where
+        self._geometries: Dict[tuple, np.ndarray] = {}  # kernel geometry per operand layout
         self.readers: Dict[str, List[int]] = {}
         for i, step in enumerate(plan.steps):
             for v in (step.inputs if isinstance(step, Kernel) else step.args):
@@ -52,8 +53,8 @@ class Executor:
         env: Dict[str, Value] = dict(bound.values)
         results: Dict[str, np.ndarray] = {}
         skipped = set()
-        tag = instance_tag(bound.dtype.name)
-        temp_dtype = np.dtype(compute_dtype(bound.dtype.name))
+        tag = instance_tag(dtype_name(bound.dtype))
+        temp_dtype = np.dtype(compute_dtype(dtype_name(bound.dtype)))
         for vid, arr in out_arrays.items():
             env[vid] = (arr, like[vid][1])
         for step in self.plan.steps:
@@ -99,28 +100,41 @@ class Executor:
     def _kernel(self, k: Kernel, env: Dict[str, Value], bound: Bound, module, tag: str,
                 warm: bool) -> None:
         out_arr, iter_names = env[k.outputs[0]]
-        iter_shape = out_arr.shape
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
+        ccode = DTYPE_CODES["float64" if tag == "d" else "float32"]
+        key = (k.name, iter_names, out_arr.shape, warm, ccode,
+               tuple((arr.shape, arr.strides, arr.dtype, nm) for arr, nm in operands))
+        geom = self._geometries.get(key)
+        if geom is None:
+            geom = self._geometry(k, operands, iter_names, out_arr.shape, warm, ccode)
+            if len(self._geometries) >= 256:
+                self._geometries.clear()
+            self._geometries[key] = geom
+        total = prod(out_arr.shape)
+        if total == 0:
+            return
+        fn = getattr(module, f"{k.name}_{tag}")
+        fn(geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
+           thread_count(total, k.schedule), warm)
+
+    def _geometry(self, k: Kernel, operands, iter_names, iter_shape, warm: bool,
+                  ccode: int) -> np.ndarray:
         strides = []
         for (arr, nm), vid in zip(operands, k.operands):
             for n, s in zip(nm, arr.shape):
                 if n not in iter_names and s != 1 or (n in iter_names and s not in (1, iter_shape[iter_names.index(n)])):
                     raise ValueError(f"{self.where}: {display_value(vid)} of shape {arr.shape} does "
                                      f"not fit the result's shape {iter_shape}")
-            strides.append(operand_strides(arr, nm, iter_names, iter_shape))
-        total = prod(iter_shape)
-        if total == 0:
-            return
-        codes = [DTYPE_CODES[arr.dtype.name] for arr, _ in operands]
-        geom = geometry(iter_shape, strides, codes, [arr.itemsize for arr, _ in operands],
-                        len(k.outputs), DTYPE_CODES[compute_dtype(bound.dtype.name)], warm)
-        fn = getattr(module, f"{k.name}_{tag}")
-        fn(geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
-           thread_count(total, k.schedule), warm)
+            strides.append(tuple(operand_strides(arr, nm, iter_names, iter_shape)))
+        geom = geometry(tuple(iter_shape), tuple(strides),
+                        tuple(DTYPE_CODES[dtype_name(arr.dtype)] for arr, _ in operands),
+                        tuple(arr.itemsize for arr, _ in operands), len(k.outputs), ccode, warm)
+        geom.flags.writeable = False
+        return geom
 
     def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like) -> None:
         ctx = Context({k[3:]: v for k, v in env.items() if k.startswith("in:")})
-        compute = np.dtype(compute_dtype(bound.dtype.name))
+        compute = np.dtype(compute_dtype(dtype_name(bound.dtype)))
         args = []
         for a in step.args:
             if a.startswith("@"):

@@ -40,6 +40,7 @@ class Op:
         self._lock = threading.RLock()
         self._modules: Dict[str, object] = {}
         self._fast: Dict[str, object] = {}  # isa -> the module's direct call, if it has one
+        self._shapes: Dict[tuple, object] = {}  # what calls with the same shapes decided
         self._builds: Dict[str, BuildResult] = {}
         self._lowered: Dict[str, Lowered] = {}
         plan = self.lowered().forward
@@ -115,7 +116,7 @@ class Op:
                 raise TypeError(f"{where}: {label} must be a NumPy array, got {type(arr).__name__}")
             if arr.dtype != bound.dtype:
                 raise TypeError(f"{where}: {label} must have dtype {bound.dtype.name} (the result's "
-                                f"dtype), got {arr.dtype.name}")
+                                f"dtype), got {arr.dtype.name}")  # (only on the error path)
             _, shape, _ = bound.outputs[o.name]
             if arr.shape != tuple(shape):
                 raise ValueError(f"{where}: {label} must have shape {tuple(shape)}, got {arr.shape}")
@@ -171,7 +172,7 @@ class Op:
     def _call(self, args, kwargs, out, layout):
         where = f"{self.name}()"
         given = split_args(self.spec, self.spec.input_names, args, kwargs, where)
-        bound = bind(self.spec, given, layout, where)
+        bound = bind(self.spec, given, layout, where, cache=self._shapes)
         outs = self._prepare_out(out, bound, where) if out is not None else {}
         self._aligned(bound)
         unaligned = {vid: a for vid, a in outs.items() if not a.flags.aligned}
@@ -206,7 +207,7 @@ class Op:
             raise ValueError(f"{where}: expected {len(outputs)} output gradient(s), got {len(cots)}")
         given = split_args(self.spec, self.spec.input_names, args, kwargs, where)
         extra = [(f"d{o.name}", c, o.name) for o, c in zip(outputs, cots)]
-        bound = bind(self.spec, given, layout, where, extra)
+        bound = bind(self.spec, given, layout, where, extra, cache=self._shapes)
         self._aligned(bound)
         like, dtypes = {}, {}
         for name in self.graphs.differentiable:

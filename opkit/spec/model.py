@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
@@ -128,25 +129,25 @@ class OpSpec:
     def attr(self, name: str) -> AttrSpec:
         return next(a for a in self.attrs if a.name == name)
 
-    @property
+    @functools.cached_property
     def input_names(self) -> Tuple[str, ...]:
         return tuple(i.name for i in self.inputs)
 
-    @property
+    @functools.cached_property
     def attr_names(self) -> Tuple[str, ...]:
         return tuple(a.name for a in self.attrs)
 
-    @property
+    @functools.cached_property
     def output_names(self) -> Tuple[str, ...]:
         return tuple(o.name for o in self.outputs)
 
-    @property
+    @functools.cached_property
     def dtypes(self) -> Tuple[str, ...]:
         """The dtypes kernels are compiled for: those every array input accepts."""
         common = [d for d in DTYPES if all(d in i.dtypes for i in self.inputs)]
         return tuple(common)
 
-    @property
+    @functools.cached_property
     def layouts(self) -> Tuple[str, ...]:
         """The layouts a call may name; the first is the default."""
         seen = []
