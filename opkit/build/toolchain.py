@@ -1,6 +1,7 @@
 """The compiler, its flags and the versions that decide what a build produces."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shlex
@@ -113,6 +114,35 @@ def _versions() -> Tuple[str, str]:
     return cython, numpy.__version__
 
 
+_PROBE = """
+void opk_probe(float *__restrict a, const float *__restrict b, long n)
+{ for (long i = 0; i < n; i++) a[i] = b[i] * 2.0f + 1.0f; }
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def probe_vector_bytes(cc: Tuple[str, ...], family: str, flags: Tuple[str, ...], guess: int) -> int:
+    """The vector width the compiler really uses for a float loop with these flags (GCC says it
+    in its vectorization report); the CPU-feature guess when the compiler does not report."""
+    if family != "gcc":
+        return guess
+    import re
+    import tempfile
+    keep = [f for f in flags if f.startswith(("-m", "-O", "-f")) and f != "-fopenmp"]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as fh:
+            fh.write(_PROBE)
+        try:
+            r = subprocess.run(list(cc) + keep + ["-c", src, "-o", os.path.join(tmp, "probe.o"),
+                                                   "-fopt-info-vec-optimized"],
+                               capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return guess
+    widths = [int(w) for w in re.findall(r"using (\d+) byte vectors", r.stderr)]
+    return max(widths) if widths else guess
+
+
 def toolchain(isa: str = "") -> Toolchain:
     """The toolchain of this process (CC, OPKIT_ISA, OPKIT_CFLAGS, OPKIT_OPENMP are read here)."""
     target = current(isa)
@@ -122,5 +152,9 @@ def toolchain(isa: str = "") -> Toolchain:
     import numpy
     includes = (sysconfig.get_paths()["include"], numpy.get_include(), str(templates_dir()))
     cython, np_version = _versions()
-    return Toolchain(cc, family, version, _flags(target, family), includes,
+    flags = _flags(target, family)
+    width = probe_vector_bytes(cc, family, flags, target.vector_bytes)
+    if width != target.vector_bytes:
+        target = dataclasses.replace(target, vector_bytes=width)
+    return Toolchain(cc, family, version, flags, includes,
                      sysconfig.get_config_var("EXT_SUFFIX") or ".so", cython, np_version, target)

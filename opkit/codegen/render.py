@@ -93,6 +93,15 @@ def _schedule_text(kernel: Kernel) -> str:
             f"({s.lanes(4)} x float32, {s.lanes(8)} x float64); isa {s.isa}")
 
 
+def loop_text(kernel: Kernel) -> str:
+    """What the element loop compiles to; tests compare it with the compiler's report."""
+    calls = kernel.scalar_calls
+    if calls:
+        return (f"scalar (calls {', '.join(calls)}: libm functions the C compiler does not "
+                "vectorize without -ffast-math)")
+    return f"vectorized, {kernel.schedule.vector_bytes}-byte vectors"
+
+
 def _passes(graphs: OpGraphs) -> List[str]:
     out = ["forward:"] + ["  " + line for line in graphs.forward.format().splitlines()]
     if graphs.differentiable:
@@ -118,6 +127,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str) -> D
         "reads": [display(v) for v in kernel.inputs],
         "writes": [display(v) for v in kernel.outputs],
         "schedule": _schedule_text(kernel),
+        "loop": loop_text(kernel),
         "dtypes": [{"name": dt, "cost": str(cost(kernel, dt)), "listing": listing(kernel, dt)}
                    for dt in spec.dtypes],
         "instances": instances,

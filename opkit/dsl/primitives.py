@@ -35,6 +35,7 @@ class Primitive:
     vjp: Optional[Callable] = None
     elementwise: bool = True
     doc: str = ""
+    vectorizes: bool = True              # False: a libm call the C compiler keeps scalar
 
 
 PRIMITIVES: Dict[str, Primitive] = {}
@@ -197,7 +198,7 @@ def _pow_vjp(g, out, x, e):
 
 
 _register(Primitive("pow", (F, F), F, np.power, "pow{f}({0}, {1})", "vpow", "vpows", 12,
-                    _pow_vjp, doc="x ** c, c a constant"))
+                    _pow_vjp, doc="x ** c, c a constant", vectorizes=False))
 
 # ------------------------------------------------------------------------------ comparisons
 
@@ -243,13 +244,13 @@ _register(Primitive("max", (F, F), F, _np_max,
 # ------------------------------------------------------------------------------ transcendental
 
 _register(Primitive("exp", (F,), F, np.exp, "exp{f}({0})", "vexp", None, 10,
-                    lambda g, out, x: (mul(g, out),), doc="e ** x"))
+                    lambda g, out, x: (mul(g, out),), doc="e ** x", vectorizes=False))
 _register(Primitive("expm1", (F,), F, np.expm1, "expm1{f}({0})", "vexpm1", None, 10,
-                    lambda g, out, x: (mul(g, add(out, ONE)),), doc="e ** x - 1, exact near 0"))
+                    lambda g, out, x: (mul(g, add(out, ONE)),), doc="e ** x - 1, exact near 0", vectorizes=False))
 _register(Primitive("log1p", (F,), F, np.log1p, "log1p{f}({0})", "vln1p", None, 10,
-                    lambda g, out, x: (div(g, add(x, ONE)),), doc="log(1 + x), exact near 0"))
+                    lambda g, out, x: (div(g, add(x, ONE)),), doc="log(1 + x), exact near 0", vectorizes=False))
 _register(Primitive("log", (F,), F, np.log, "log{f}({0})", "vln", None, 10,
-                    lambda g, out, x: (div(g, x),), doc="natural logarithm"))
+                    lambda g, out, x: (div(g, x),), doc="natural logarithm", vectorizes=False))
 _register(Primitive("sqrt", (F,), F, np.sqrt, "sqrt{f}({0})", "vsqrt", None, 4,
                     lambda g, out, x: (div(mul(g, const(0.5)), out),), doc="square root"))
 _register(Primitive("abs", (F,), F, np.abs, "fabs{f}({0})", "vabs", None, 1,
@@ -258,9 +259,9 @@ _register(Primitive("abs", (F,), F, np.abs, "fabs{f}({0})", "vabs", None, 1,
                     doc="|x|; gradient 0 at 0"))
 _register(Primitive("sigmoid", (F,), F, _sigmoid, "(1 / (1 + exp{f}(-{0})))", "vsigmoid", None, 13,
                     lambda g, out, x: (mul(g, mul(out, sub(ONE, out))),),
-                    doc="1 / (1 + e ** -x)"))
+                    doc="1 / (1 + e ** -x)", vectorizes=False))
 _register(Primitive("tanh", (F,), F, np.tanh, "tanh{f}({0})", "vtanh", None, 15,
-                    lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),), doc="hyperbolic tangent"))
+                    lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),), doc="hyperbolic tangent", vectorizes=False))
 
 # TBE has no single instruction for these; the listing shows the sequence a TBE kernel would use.
 TBE_EXPANSIONS = {

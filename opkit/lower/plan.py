@@ -48,6 +48,13 @@ class Kernel:
     def operands(self) -> Tuple[str, ...]:
         return self.inputs + self.outputs
 
+    @property
+    def scalar_calls(self) -> Tuple[str, ...]:
+        """The libm functions the body calls that keep its element loop scalar."""
+        from ..dsl.primitives import PRIMITIVES
+        return tuple(sorted({i.op for i in self.body
+                             if i.op in PRIMITIVES and not PRIMITIVES[i.op].vectorizes}))
+
 
 @dataclass(frozen=True)
 class LibCall:

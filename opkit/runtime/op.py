@@ -8,7 +8,6 @@ import numpy as np
 
 from ..build import BuildResult, build, toolchain
 from ..config import get as setting
-from ..target import current as current_target
 from ..codegen import render
 from ..dsl.graph import OpGraphs
 from ..errors import SpecError
@@ -61,7 +60,7 @@ class Op:
     # ------------------------------------------------------------------ pipeline
 
     def lowered(self, isa: str = "") -> Lowered:
-        target = current_target(isa)
+        target = toolchain(isa).target  # with the vector width the compiler really uses
         with self._lock:
             if target.isa not in self._lowered:
                 self._lowered[target.isa] = lower(self.spec, self.graphs, target)

@@ -1,0 +1,67 @@
+"""The schedule annotation in each generated module tells the truth about what was built: every
+element loop it calls vectorized was vectorized by the compiler at that width, and every loop it
+calls scalar was not (the compiler's own report, -fopt-info-vec, recorded at build time)."""
+import re
+
+import pytest
+
+import opkit
+from opkit.build import toolchain
+
+from conftest import EXAMPLES
+
+
+def annotations(source: str):
+    """{kernel name: the `loop` line of its annotation}."""
+    out, current = {}, None
+    for line in source.splitlines():
+        if not line.startswith("#"):
+            break
+        m = re.match(r"# kernel (\w+): ", line)
+        if m:
+            current = m.group(1)
+        m = re.match(r"#   loop     (.*)$", line)
+        if m and current:
+            out[current] = m.group(1)
+    return out
+
+
+def all_ops():
+    opkit.load(EXAMPLES)
+    return opkit.list_ops()
+
+
+@pytest.mark.skipif(toolchain().family != "gcc", reason="the report is GCC's -fopt-info-vec")
+@pytest.mark.parametrize("isa", ["native", "portable"])
+@pytest.mark.parametrize("name", all_ops())
+def test_annotation_agrees_with_the_compiler(name, isa):
+    op = opkit.get(name)
+    result = op.build(isa=isa)
+    source = result.source_path.read_text()
+    loops = annotations(source)
+    report = result.meta["vectorization"]
+    assert loops and set(report) == {f"{k}_{t}" for k in loops for t in ("f", "d")
+                                     if f"def {k}_{t}(" in source}
+    width = toolchain(isa).target.vector_bytes
+    for instance, info in report.items():
+        said = loops[instance.rsplit("_", 1)[0]]
+        if said.startswith("vectorized"):
+            assert said == f"vectorized, {width}-byte vectors"
+            assert info["vectorized"] and info["bytes"] == width, (instance, said, info)
+        else:
+            assert said.startswith("scalar (calls ")
+            assert not info["vectorized"], (instance, said, info)
+
+
+def test_portable_and_native_widths_differ_where_the_cpu_has_wide_vectors():
+    native, portable = toolchain("native").target, toolchain("portable").target
+    assert portable.vector_bytes == 16 and native.vector_bytes >= 16
+    assert "-march=native" in toolchain("native").cflags
+    assert "-DOPKIT_NO_F16C" in toolchain("portable").cflags
+
+
+def test_show_prints_the_report(capsys):
+    from opkit.cli import main
+    assert main(["show", "leaky_relu"]) == 0
+    out = capsys.readouterr().out
+    assert "element loop on float: vectorized" in out and "#   loop     vectorized" in out
