@@ -134,6 +134,12 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
 /* dst[0..n) = operand elements src, src+stride, ... converted to float */
 static inline void opk_load_f(float *dst, const char *src, Py_ssize_t stride, int code, Py_ssize_t n)
 {
+    if (stride == 0) {  /* broadcast along this run: one value, filled (vectorized) */
+        float v;
+        opk_load_f(&v, src, 1, code, 1);
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = v;
+        return;
+    }
     switch (code) {
     case OPK_F16:
         if (stride == 2) opk_h2f_contig(dst, (const uint16_t *)src, n);
@@ -150,6 +156,12 @@ static inline void opk_load_f(float *dst, const char *src, Py_ssize_t stride, in
 
 static inline void opk_load_d(double *dst, const char *src, Py_ssize_t stride, int code, Py_ssize_t n)
 {
+    if (stride == 0) {
+        double v;
+        opk_load_d(&v, src, 1, code, 1);
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = v;
+        return;
+    }
     switch (code) {
     case OPK_F16: OPK_GATHER(uint16_t, dst, src, stride, n, OPK_H2D); break;
     case OPK_F32: OPK_GATHER(float, dst, src, stride, n, OPK_TO_D); break;
@@ -365,17 +377,25 @@ static inline Py_ssize_t opk_units(const Py_ssize_t *g)
     return total;
 }
 
+/* Short rows (NHWC with a per-pixel value broadcast over C, say) cost a call each. When every
+ * operand either runs on contiguously from one row to the next or holds one value per row,
+ * rows are handed to the kernel in groups: the per-row values are spread into a contiguous
+ * tile first, so the kernel sees one long direct run. */
+#define OPK_GROUP 2048   /* elements per group of rows */
+
 static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
                           opk_segment_fn fn, void *ctx)
 {
-    const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS];
+    const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
+    const int ccode = (int)g[OPK_G_CCODE];
+    const Py_ssize_t csize = ccode == OPK_F64 ? 8 : 4;
     const Py_ssize_t *shape = g + OPK_G_SHAPE;
     const Py_ssize_t *strides = shape + nd;
     const Py_ssize_t *codes = strides + nops * nd;
     Py_ssize_t idx[OPK_MAXDIM];
     char *row[OPK_MAXOPS], *ptr[OPK_MAXOPS];
-    Py_ssize_t step[OPK_MAXOPS];
-    int code[OPK_MAXOPS];
+    Py_ssize_t step[OPK_MAXOPS], gstep[OPK_MAXOPS];
+    int code[OPK_MAXOPS], gcode[OPK_MAXOPS], per_row[OPK_MAXOPS];
     const Py_ssize_t inner = shape[nd - 1];
     Py_ssize_t r = start / inner, col = start % inner;
     for (Py_ssize_t d = nd - 2; d >= 0; d--) { idx[d] = r % shape[d]; r /= shape[d]; }
@@ -387,11 +407,53 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
         step[k] = s[nd - 1];
         code[k] = (int)codes[k];
     }
+    /* can rows be grouped? */
+    int group = nd >= 2 && inner * 4 <= OPK_GROUP, any_per_row = 0;
+    for (Py_ssize_t k = 0; group && k < nops; k++) {
+        const Py_ssize_t rs = strides[k * nd + nd - 2];
+        per_row[k] = step[k] == 0 && rs != 0 && k < nops - nout;
+        any_per_row |= per_row[k];
+        if (!per_row[k] && rs != inner * step[k]) group = 0;
+    }
+    group = group && any_per_row;
+    char *spread = NULL;
+    if (group) {
+        spread = (char *)PyMem_RawMalloc((size_t)nops * OPK_GROUP * csize);
+        if (spread == NULL) group = 0;
+    }
     Py_ssize_t left = stop - start;
     for (;;) {
-        Py_ssize_t m = inner - col < left ? inner - col : left;
-        for (Py_ssize_t k = 0; k < nops; k++) ptr[k] = row[k] + col * step[k];
-        fn(m, ptr, step, code, ctx);
+        Py_ssize_t rows_here = group && col == 0 ? shape[nd - 2] - idx[nd - 2] : 0;
+        Py_ssize_t nrows = rows_here < left / inner ? rows_here : left / inner;
+        if (nrows > OPK_GROUP / inner) nrows = OPK_GROUP / inner;
+        Py_ssize_t m;
+        if (nrows >= 2) {
+            for (Py_ssize_t k = 0; k < nops; k++) {
+                if (per_row[k]) {
+                    char *dst = spread + k * OPK_GROUP * csize;
+                    const Py_ssize_t rs = strides[k * nd + nd - 2];
+                    for (Py_ssize_t q = 0; q < nrows; q++) {
+                        if (ccode == OPK_F64) opk_load_d((double *)dst + q * inner, row[k] + q * rs, 0, code[k], inner);
+                        else opk_load_f((float *)dst + q * inner, row[k] + q * rs, 0, code[k], inner);
+                    }
+                    ptr[k] = dst;
+                    gstep[k] = csize;
+                    gcode[k] = ccode;
+                } else {
+                    ptr[k] = row[k];
+                    gstep[k] = step[k];
+                    gcode[k] = code[k];
+                }
+            }
+            m = nrows * inner;
+            fn(m, ptr, gstep, gcode, ctx);
+            for (Py_ssize_t k = 0; k < nops; k++) row[k] += (nrows - 1) * strides[k * nd + nd - 2];
+            idx[nd - 2] += nrows - 1;
+        } else {
+            m = inner - col < left ? inner - col : left;
+            for (Py_ssize_t k = 0; k < nops; k++) ptr[k] = row[k] + col * step[k];
+            fn(m, ptr, step, code, ctx);
+        }
         left -= m;
         if (left <= 0) break;
         col = 0;
@@ -403,6 +465,7 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
             idx[d] = 0;
         }
     }
+    if (spread) PyMem_RawFree(spread);
 }
 
 static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,

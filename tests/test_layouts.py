@@ -88,3 +88,26 @@ def test_geometry_picks_the_transposing_walk_only_when_it_helps():
     # too short along the output's inner dim to be worth blocks
     g = geometry((4, 300), [(4, 16), (1200, 4)], [2, 2], f4, 1, 2)
     assert g[3] == -1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("c", [1, 3, 64, 600])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_short_rows_with_a_value_per_row(dtype, c, threads):
+    """NHWC with a slope per pixel: rows of C elements are grouped, the slope spread per row;
+    thread ranges start and end inside rows."""
+    sp = opkit.get("spatial_leaky_relu")
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((3, 37, 41, c)).astype(dtype)
+    amap = rng.uniform(0, 1, (3, 37, 41, 1)).astype(dtype)
+    ct = np.float64 if dtype == np.float64 else np.float32
+    want = np.where(x > 0, x, (amap.astype(ct) * x.astype(ct)).astype(dtype))
+    with opkit.config(num_threads=threads):
+        np.testing.assert_array_equal(sp(x, amap, layout="NHWC"), want)
+        out = np.empty_like(x)
+        sp(x, amap, layout="NHWC", out=out)
+        np.testing.assert_array_equal(out, want)
+        # the same map one level up: one value per image row, broadcast over W and C
+        rows = rng.uniform(0, 1, (3, 37, 1, 1)).astype(dtype)
+        want = np.where(x > 0, x, (rows.astype(ct) * x.astype(ct)).astype(dtype))
+        np.testing.assert_array_equal(sp(x, rows, layout="NHWC"), want)
