@@ -12,8 +12,9 @@ from .listing import Cost, compute_dtype, cost, listing
 from .plan import Instr, Kernel, LibCall, Plan, Schedule
 
 DEFAULT_TILE = 1024
-# Below this many elements one thread runs: an OpenMP region costs about 2 us to open, the time
-# it takes to stream ~32K floats on one core (DESIGN.md §9).
+# Below this many float32 (or float16) elements one thread runs, half as many for float64: an
+# OpenMP region costs about 2 us to open, and two threads beat one from about 32K float32
+# elements (16K float64) on the 2-core machines opkit is measured on (docs/performance.md).
 DEFAULT_PARALLEL_THRESHOLD = 32768
 
 

@@ -18,8 +18,11 @@ from .geometry import geometry, operand_strides
 Value = Tuple[np.ndarray, Tuple[str, ...]]
 
 
-def thread_count(total: int, schedule) -> int:
-    if total < max(schedule.parallel_threshold, 2):
+def thread_count(total: int, schedule, double: bool = False) -> int:
+    # the threshold counts float32 (and float16) elements; float64 moves twice the bytes per
+    # element, so it splits from half as many (both measured: DESIGN.md, docs/performance.md)
+    threshold = schedule.parallel_threshold // 2 if double else schedule.parallel_threshold
+    if total < max(threshold, 2):
         return 1
     n = setting("num_threads")
     if schedule.max_threads:
@@ -115,7 +118,7 @@ class Executor:
             return
         fn = getattr(module, f"{k.name}_{tag}")
         fn(geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
-           thread_count(total, k.schedule), warm)
+           thread_count(total, k.schedule, tag == "d"), warm)
 
     def _geometry(self, k: Kernel, operands, iter_names, iter_shape, warm: bool,
                   ccode: int) -> np.ndarray:
