@@ -350,6 +350,9 @@ static void opk_transpose_d(double *dst, Py_ssize_t ldd, const double *src, Py_s
 #ifndef OPK_BLOCK_I
 #define OPK_BLOCK_I 512
 #endif
+#ifndef OPK_PREFETCH_LINES
+#define OPK_PREFETCH_LINES 4
+#endif
 
 /* geometry, built by opkit/runtime/geometry.py as an intp array:
  *   [ndim, nops, nout, tdim, ccode, stream, shape[ndim], strides[nops][ndim] (bytes), codes[nops]]
@@ -503,6 +506,19 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
         const Py_ssize_t bi = shape[td] - i0 < OPK_BLOCK_I ? shape[td] - i0 : OPK_BLOCK_I;
         for (Py_ssize_t k = 0; k < nops; k++)
             origin[k] += o0 * strides[k * nd + od] + i0 * strides[k * nd + td];
+        if (u + 1 < stop) {
+            /* the next block reads rows no prefetcher is following yet: start them (a hint
+             * only; an address past the end is never loaded) */
+            const int wrap = (u + 1) % nbo == 0;
+            for (Py_ssize_t k = 0; k < nops - nout; k++) {
+                const Py_ssize_t so = strides[k * nd + od], si = strides[k * nd + td];
+                const char *next = wrap ? origin[k] - o0 * so + OPK_BLOCK_I * si
+                                        : origin[k] + OPK_BLOCK_O * so;
+                for (Py_ssize_t r = 0; r < OPK_BLOCK_O; r++)
+                    for (int line = 0; line < OPK_PREFETCH_LINES; line++)
+                        __builtin_prefetch(next + r * so + line * 64, 0, 3);
+            }
+        }
         for (Py_ssize_t r = 0; r < bo; r++) {           /* rows along tdim, into the buffer */
             for (Py_ssize_t k = 0; k < nops; k++) {
                 if (k < nops - nout) {
