@@ -384,7 +384,9 @@ static inline Py_ssize_t opk_units(const Py_ssize_t *g)
  * operand either runs on contiguously from one row to the next or holds one value per row,
  * rows are handed to the kernel in groups: the per-row values are spread into a contiguous
  * tile first, so the kernel sees one long direct run. */
+#ifndef OPK_GROUP
 #define OPK_GROUP 2048   /* elements per group of rows */
+#endif
 
 static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
                           opk_segment_fn fn, void *ctx)
@@ -435,9 +437,17 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
                 if (per_row[k]) {
                     char *dst = spread + k * OPK_GROUP * csize;
                     const Py_ssize_t rs = strides[k * nd + nd - 2];
-                    for (Py_ssize_t q = 0; q < nrows; q++) {
-                        if (ccode == OPK_F64) opk_load_d((double *)dst + q * inner, row[k] + q * rs, 0, code[k], inner);
-                        else opk_load_f((float *)dst + q * inner, row[k] + q * rs, 0, code[k], inner);
+                    if (ccode == OPK_F32 && code[k] == OPK_F32) {  /* the common case, inline */
+                        float *d = (float *)dst;
+                        for (Py_ssize_t q = 0; q < nrows; q++) {
+                            const float v = *(const float *)(row[k] + q * rs);
+                            for (Py_ssize_t j = 0; j < inner; j++) d[q * inner + j] = v;
+                        }
+                    } else {
+                        for (Py_ssize_t q = 0; q < nrows; q++) {
+                            if (ccode == OPK_F64) opk_load_d((double *)dst + q * inner, row[k] + q * rs, 0, code[k], inner);
+                            else opk_load_f((float *)dst + q * inner, row[k] + q * rs, 0, code[k], inner);
+                        }
                     }
                     ptr[k] = dst;
                     gstep[k] = csize;
