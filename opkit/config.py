@@ -41,10 +41,29 @@ def _check_isa(v: Any) -> str:
     return v
 
 
+PRECISION_MODES = ("must_keep_origin_dtype", "force_fp16", "force_fp32", "allow_fp32_to_fp16",
+                   "allow_mix_precision")
+DEFAULT_PRECISION = PRECISION_MODES[0]
+
+
+def check_precision_mode(v: Any) -> str:
+    if v not in PRECISION_MODES:
+        raise ValueError(f"precision_mode must be one of {', '.join(PRECISION_MODES)}; got {v!r}")
+    return v
+
+
+def _check_bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"alpha_quant must be True or False, got {v!r}")
+    return v
+
+
 # name -> (default factory, checker)
 _SETTINGS = {
     "num_threads": (_default_threads, _check_threads),
     "isa": (_default_isa, _check_isa),
+    "precision_mode": (lambda: DEFAULT_PRECISION, check_precision_mode),
+    "alpha_quant": (lambda: False, _check_bool),
 }
 _global: Dict[str, Any] = {}
 _context: contextvars.ContextVar = contextvars.ContextVar("opkit_config", default={})
@@ -95,6 +114,11 @@ def get(name: str) -> Any:
     except KeyError:
         _global[name] = _SETTINGS[name][0]()
         return _global[name]
+
+
+def plain() -> bool:
+    """Default precision and no slope quantization: the direct call may run."""
+    return get("precision_mode") == DEFAULT_PRECISION and not get("alpha_quant")
 
 
 def current() -> Dict[str, Any]:

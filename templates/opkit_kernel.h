@@ -25,9 +25,26 @@ typedef float *__restrict opk_fp;
 typedef const float *__restrict opk_cfp;
 typedef double *__restrict opk_dp;
 typedef const double *__restrict opk_cdp;
+typedef int32_t *__restrict opk_ip;
+typedef const int32_t *__restrict opk_cip;
+typedef int64_t *__restrict opk_lp;
+typedef const int64_t *__restrict opk_clp;
 
-/* storage dtype codes, shared with opkit/runtime (DTYPE_CODES) */
-enum { OPK_F16 = 1, OPK_F32 = 2, OPK_F64 = 3 };
+/* storage dtype codes, shared with opkit/codegen (DTYPE_CODES) */
+enum { OPK_F16 = 1, OPK_F32 = 2, OPK_F64 = 3, OPK_I8 = 4, OPK_I16 = 5, OPK_I32 = 6, OPK_I64 = 7 };
+
+/* the fixed-point product x * m / 2**bits, rounded to nearest with ties toward +inf: an integer
+ * multiply, an add and an arithmetic shift (gcc and clang shift signed integers arithmetically).
+ * int32: |x| <= 2**15 (int8, int16 data) and |m| < 2**15 cannot overflow; int64 holds int32 data */
+static inline int32_t opk_qmul_i(int32_t x, int32_t m, int bits)
+{
+    return (x * m + ((int32_t)1 << (bits - 1))) >> bits;
+}
+
+static inline int64_t opk_qmul_l(int64_t x, int64_t m, int bits)
+{
+    return (x * m + ((int64_t)1 << (bits - 1))) >> bits;
+}
 
 /* ---------------------------------------------------------------- float16, portable and exact */
 
@@ -230,6 +247,10 @@ static inline void opk_stream_d(double *dst, const double *src, Py_ssize_t n)
     for (; i < n; i++) dst[i] = src[i];
 }
 
+/* integers stream as the bits they are */
+#define opk_stream_i(dst, src, n) opk_stream_f((float *)(dst), (const float *)(src), (n))
+#define opk_stream_l(dst, src, n) opk_stream_d((double *)(dst), (const double *)(src), (n))
+
 static inline void opk_fence(void)
 {
 #if OPK_F16_HW
@@ -338,6 +359,100 @@ static void opk_transpose_d(double *dst, Py_ssize_t ldd, const double *src, Py_s
         for (Py_ssize_t r = 0; r < nr; r++) dst[i * ldd + r] = src[r * lds + i];
 }
 
+/* ---------------------------------------------------------------- integers */
+
+#define OPK_SAT(v, lo, hi) ((v) < (lo) ? (lo) : (v) > (hi) ? (hi) : (v))
+#define OPK_I8C(v) ((int8_t)OPK_SAT((v), -128, 127))
+#define OPK_I16C(v) ((int16_t)OPK_SAT((v), -32768, 32767))
+#define OPK_I32C(v) ((int32_t)OPK_SAT((v), INT32_MIN, INT32_MAX))
+#define OPK_TO_I(v) ((int32_t)(v))
+#define OPK_TO_L(v) ((int64_t)(v))
+
+/* integer storage widened to int32 (from int8, int16) or int64 (from any) */
+static inline void opk_load_i(int32_t *dst, const char *src, Py_ssize_t stride, int code, Py_ssize_t n)
+{
+    if (stride == 0) {
+        int32_t v;
+        opk_load_i(&v, src, 1, code, 1);
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = v;
+        return;
+    }
+    switch (code) {
+    case OPK_I8: OPK_GATHER(int8_t, dst, src, stride, n, OPK_TO_I); break;
+    case OPK_I16: OPK_GATHER(int16_t, dst, src, stride, n, OPK_TO_I); break;
+    default:
+        if (stride == 4) memcpy(dst, src, (size_t)n * 4);
+        else OPK_GATHER(int32_t, dst, src, stride, n, OPK_ID);
+    }
+}
+
+static inline void opk_load_l(int64_t *dst, const char *src, Py_ssize_t stride, int code, Py_ssize_t n)
+{
+    if (stride == 0) {
+        int64_t v;
+        opk_load_l(&v, src, 1, code, 1);
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = v;
+        return;
+    }
+    switch (code) {
+    case OPK_I8: OPK_GATHER(int8_t, dst, src, stride, n, OPK_TO_L); break;
+    case OPK_I16: OPK_GATHER(int16_t, dst, src, stride, n, OPK_TO_L); break;
+    case OPK_I32: OPK_GATHER(int32_t, dst, src, stride, n, OPK_TO_L); break;
+    default:
+        if (stride == 8) memcpy(dst, src, (size_t)n * 8);
+        else OPK_GATHER(int64_t, dst, src, stride, n, OPK_ID);
+    }
+}
+
+/* stores saturate to the storage dtype's range */
+static inline void opk_store_i(char *dst, Py_ssize_t stride, int code, const int32_t *src, Py_ssize_t n)
+{
+    switch (code) {
+    case OPK_I8: OPK_SCATTER(int8_t, dst, stride, src, n, OPK_I8C); break;
+    case OPK_I16: OPK_SCATTER(int16_t, dst, stride, src, n, OPK_I16C); break;
+    default:
+        if (stride == 4) memcpy(dst, src, (size_t)n * 4);
+        else OPK_SCATTER(int32_t, dst, stride, src, n, OPK_ID);
+    }
+}
+
+static inline void opk_store_l(char *dst, Py_ssize_t stride, int code, const int64_t *src, Py_ssize_t n)
+{
+    switch (code) {
+    case OPK_I8: OPK_SCATTER(int8_t, dst, stride, src, n, OPK_I8C); break;
+    case OPK_I16: OPK_SCATTER(int16_t, dst, stride, src, n, OPK_I16C); break;
+    case OPK_I32: OPK_SCATTER(int32_t, dst, stride, src, n, OPK_I32C); break;
+    default:
+        if (stride == 8) memcpy(dst, src, (size_t)n * 8);
+        else OPK_SCATTER(int64_t, dst, stride, src, n, OPK_ID);
+    }
+}
+
+/* loads and stores by compute type code: the walkers handle every kernel instance alike */
+#define OPK_CSIZE(c) ((c) == OPK_F64 || (c) == OPK_I64 ? 8 : 4)
+
+static inline void opk_load_c(int ccode, char *dst, const char *src, Py_ssize_t stride, int code,
+                              Py_ssize_t n)
+{
+    switch (ccode) {
+    case OPK_F64: opk_load_d((double *)dst, src, stride, code, n); break;
+    case OPK_I32: opk_load_i((int32_t *)dst, src, stride, code, n); break;
+    case OPK_I64: opk_load_l((int64_t *)dst, src, stride, code, n); break;
+    default: opk_load_f((float *)dst, src, stride, code, n);
+    }
+}
+
+static inline void opk_store_c(int ccode, char *dst, Py_ssize_t stride, int code, const char *src,
+                               Py_ssize_t n)
+{
+    switch (ccode) {
+    case OPK_F64: opk_store_d(dst, stride, code, (const double *)src, n); break;
+    case OPK_I32: opk_store_i(dst, stride, code, (const int32_t *)src, n); break;
+    case OPK_I64: opk_store_l(dst, stride, code, (const int64_t *)src, n); break;
+    default: opk_store_f(dst, stride, code, (const float *)src, n);
+    }
+}
+
 /* ---------------------------------------------------------------- iteration */
 
 #define OPK_MAXDIM 64
@@ -393,7 +508,7 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
 {
     const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
     const int ccode = (int)g[OPK_G_CCODE];
-    const Py_ssize_t csize = ccode == OPK_F64 ? 8 : 4;
+    const Py_ssize_t csize = OPK_CSIZE(ccode);
     const Py_ssize_t *shape = g + OPK_G_SHAPE;
     const Py_ssize_t *strides = shape + nd;
     const Py_ssize_t *codes = strides + nops * nd;
@@ -444,10 +559,8 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
                             for (Py_ssize_t j = 0; j < inner; j++) d[q * inner + j] = v;
                         }
                     } else {
-                        for (Py_ssize_t q = 0; q < nrows; q++) {
-                            if (ccode == OPK_F64) opk_load_d((double *)dst + q * inner, row[k] + q * rs, 0, code[k], inner);
-                            else opk_load_f((float *)dst + q * inner, row[k] + q * rs, 0, code[k], inner);
-                        }
+                        for (Py_ssize_t q = 0; q < nrows; q++)
+                            opk_load_c(ccode, dst + q * inner * csize, row[k] + q * rs, 0, code[k], inner);
                     }
                     ptr[k] = dst;
                     gstep[k] = csize;
@@ -487,7 +600,7 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
     const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
     const Py_ssize_t td = g[OPK_G_TDIM], od = nd - 1;
     const int ccode = (int)g[OPK_G_CCODE], stream = (int)g[OPK_G_STREAM];
-    const Py_ssize_t csize = ccode == OPK_F64 ? 8 : 4;
+    const Py_ssize_t csize = OPK_CSIZE(ccode);
     const Py_ssize_t *shape = g + OPK_G_SHAPE;
     const Py_ssize_t *strides = shape + nd;
     const Py_ssize_t *codes = strides + nops * nd;
@@ -497,8 +610,7 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
     int code[OPK_MAXOPS];
     /* one block buffer per output, in the compute type: OPK_BLOCK_O rows of OPK_BLOCK_I */
     char *buf = (char *)PyMem_RawMalloc((size_t)(nout ? nout : 1) * OPK_BLOCK_O * OPK_BLOCK_I * csize);
-    float tmp_f[OPK_BLOCK_O];
-    double tmp_d[OPK_BLOCK_O];
+    char tmp[OPK_BLOCK_O * 8];
     if (buf == NULL) return;  /* never for 32 KB; the caller checks nothing, so be safe */
     for (Py_ssize_t u = start; u < stop; u++) {
         Py_ssize_t ob = u % nbo, rest = u / nbo;
@@ -547,20 +659,17 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
             const char *src = buf + (k - (nops - nout)) * OPK_BLOCK_O * OPK_BLOCK_I * csize;
             const Py_ssize_t so = strides[k * nd + od], si = strides[k * nd + td];
             if ((int)codes[k] == ccode && so == csize && si % csize == 0) {
-                if (ccode == OPK_F64)
+                /* a transposition moves bits: the float routines serve any 4- or 8-byte type */
+                if (csize == 8)
                     opk_transpose_d((double *)origin[k], si / 8, (const double *)src, OPK_BLOCK_I, bo, bi);
                 else
                     opk_transpose_f((float *)origin[k], si / 4, (const float *)src, OPK_BLOCK_I, bo, bi, stream);
                 continue;
             }
             for (Py_ssize_t i = 0; i < bi; i++) {       /* convert / scatter: one output row */
-                if (ccode == OPK_F64) {
-                    for (Py_ssize_t r = 0; r < bo; r++) tmp_d[r] = ((const double *)src)[r * OPK_BLOCK_I + i];
-                    opk_store_d(origin[k] + i * si, so, (int)codes[k], tmp_d, bo);
-                } else {
-                    for (Py_ssize_t r = 0; r < bo; r++) tmp_f[r] = ((const float *)src)[r * OPK_BLOCK_I + i];
-                    opk_store_f(origin[k] + i * si, so, (int)codes[k], tmp_f, bo);
-                }
+                for (Py_ssize_t r = 0; r < bo; r++)
+                    memcpy(tmp + r * csize, src + (r * OPK_BLOCK_I + i) * csize, (size_t)csize);
+                opk_store_c(ccode, origin[k] + i * si, so, (int)codes[k], tmp, bo);
             }
         }
     }

@@ -23,12 +23,15 @@ def raises(exc, pattern, fn, *args, **kwargs):
 
 
 def test_dtype_errors(op):
-    raises(TypeError, r"leaky_relu\(\): x must be an array of float16, float32 or float64, got dtype int64",
-           op, np.arange(4))
+    raises(TypeError, r"leaky_relu\(\): x must be an array of float16, float32, float64, int8, int16 "
+           r"or int32, got dtype int64", op, np.arange(4, dtype=np.int64))
     raises(TypeError, r"x must be an array of .*got dtype complex128", op, np.ones(3, complex))
     raises(TypeError, r"x must be an array of .*got str", op, "abc")
     raises(TypeError, r"x must be an array of .*got NoneType", op, None)
-    raises(TypeError, r"convert it with \.astype", op, np.ones(3, np.int8))
+    raises(TypeError, r"convert it with \.astype", op, np.ones(3, np.uint8))
+    sp = opkit.get("spatial_leaky_relu")
+    raises(TypeError, r"x must be an array of float16, float32 or float64, got dtype int8",
+           sp, np.ones(3, np.int8), np.ones(3, np.int8))
 
 
 def test_python_sequences_are_accepted(op):

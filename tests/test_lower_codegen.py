@@ -263,20 +263,24 @@ def test_source_has_listing_and_schedule_of_every_kernel(isa):
         sched = next(line for line in block if line.startswith("#   schedule "))
         assert f"tile {k.schedule.tile} elements" in sched
         assert f"{k.schedule.vector_bytes}-byte vectors" in sched and f"isa {target.isa}" in sched
-        for dt in spec.dtypes:
-            lines = listing(k, dt)
+        # integer kernels exist for the forward pass only; they take alpha as fixed point
+        dtypes = spec.dtypes if k.name.startswith("fwd") else spec.float_dtypes
+        for dt in dtypes:
+            lines = listing(k, dt, {"alpha": 7})
             assert f"#   {dt}: {cost(k, dt)}" in head
             for line in lines:
                 assert f"#     {line}" in head, (k.name, dt, line)
+    assert "#     vshrs    v2, v2, #7         ; arithmetic shift" in head
 
 
 def test_source_defines_kernel_functions_per_compute_type():
     spec, graphs, lowered, target = leaky()
     src = source(spec, graphs, lowered, target)
     defs = re.findall(r"^def (\w+)\(", src, re.M)
-    # one entry per kernel and compute type, and the direct call of the one-kernel forward pass
-    assert defs == ["fwd0_f", "fwd0_d", "bwd0_f", "bwd0_d", "fast_forward"]
-    assert 'KERNELS = ("fwd0_f", "fwd0_d", "bwd0_f", "bwd0_d", )' in src
+    # one entry per kernel and compute type (int32 for int8/int16 data, int64 for int32 data;
+    # no integer backward), and the direct call of the one-kernel forward pass
+    assert defs == ["fwd0_f", "fwd0_d", "fwd0_i", "fwd0_l", "bwd0_f", "bwd0_d", "fast_forward"]
+    assert 'KERNELS = ("fwd0_f", "fwd0_d", "fwd0_i", "fwd0_l", "bwd0_f", "bwd0_d", )' in src
     assert re.search(r"^cdef inline void fwd0_f_tile\(.*\) noexcept nogil:$", src, re.M)
     assert "cdef float a_alpha = ctx.a_alpha" in src
     assert "cdef double a_alpha = ctx.a_alpha" in src
@@ -462,9 +466,23 @@ def test_render_of_a_power():
     assert "powf(v0, (<float>3.0))" in src
 
 
-def test_integer_dtypes_are_refused_clearly():
-    with pytest.raises(SpecError, match=r"'int32' is not one of: float16, float32, float64"):
+def test_integer_kernels_refuse_what_has_no_integer_form():
+    with pytest.raises(SpecError, match=r"t\.yaml:7:\d+: forward: int32 declared, but the constant 0\.5 "
+                                        r"is not an integer"):
         build("where(x > 0, x, 0.5 * x)", inputs=(("x", "{dtypes: [float32, int32]}"),))
+    with pytest.raises(SpecError, match=r"int8 declared, but exp has no integer form"):
+        build("exp(x)", inputs=(("x", "{dtypes: [float32, int8]}"),))
+    with pytest.raises(SpecError, match=r"the float attr g is used in mul; declare it `quantize: 7`"):
+        build("g * x", inputs=(("x", "{dtypes: [int16]}"),), attrs={"g": "{type: float, default: 1.5}"})
+
+
+def test_integer_kernel_uses_the_fixed_point_multiply():
+    spec, graphs, lowered, target = build(
+        "where(x > 0, x, g * x)", inputs=(("x", "{dtypes: [int8, float32]}"),),
+        attrs={"g": "{type: float, default: 0.25, quantize: 5}"})
+    src = source(spec, graphs, lowered, target)
+    assert "v2 = opk_qmul_i(v0, a_g, 5)" in src
+    assert "ctx.a_g = <int32_t>lrint(attr_g * 32.0)" in src
 
 
 @pytest.mark.parametrize("text, right", [

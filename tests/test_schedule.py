@@ -40,13 +40,15 @@ def test_annotation_agrees_with_the_compiler(name, isa):
     source = result.source_path.read_text()
     loops = annotations(source)
     report = result.meta["vectorization"]
-    assert loops and set(report) == {f"{k}_{t}" for k in loops for t in ("f", "d")
+    assert loops and set(report) == {f"{k}_{t}" for k in loops for t in "fdil"
                                      if f"def {k}_{t}(" in source}
     width = toolchain(isa).target.vector_bytes
     for instance, info in report.items():
         said = loops[instance.rsplit("_", 1)[0]]
-        if said.startswith("vectorized"):
-            assert said == f"vectorized, {width}-byte vectors"
+        if instance.endswith("_l") and "int64 instance: scalar" in said:
+            assert not info["vectorized"], (instance, said, info)
+        elif said.startswith("vectorized"):
+            assert said.startswith(f"vectorized, {width}-byte vectors")
             assert info["vectorized"] and info["bytes"] == width, (instance, said, info)
         else:
             assert said.startswith("scalar (calls ")

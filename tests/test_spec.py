@@ -1224,20 +1224,21 @@ def test_bundled_leaky_relu_declaration():
     spec = load_spec(path)
     assert spec.name == "leaky_relu" and spec.summary.startswith("LeakyReLU")
     (x,) = spec.inputs
-    assert x.name == "x" and x.dtypes == ("float16", "float32", "float64")
+    assert x.name == "x" and x.dtypes == ("float16", "float32", "float64", "int8", "int16", "int32")
     assert x.layouts == ("ND", "NCHW", "NHWC") and x.layouts_declared
     assert x.shape is None and x.differentiable and x.domain == (-3.0, 3.0)
     assert x.loc.line == line_of(text, "  x: {dtypes")
     (alpha,) = spec.attrs
     assert (alpha.name, alpha.type, alpha.default, alpha.required) == ("alpha", "float", 0.2, False)
     assert alpha.range == Interval(0.0, 1.0) and not alpha.range.low_open and not alpha.range.high_open
-    assert alpha.null_means is None
+    assert alpha.null_means is None and alpha.quantize == 7 and spec.precision_reduce
     assert [(o.name, o.like) for o in spec.outputs] == [("y", "x")]
     assert [(b.name, b.expr) for b in spec.forward] == [("y", "where(x > 0, x, alpha * x)")]
     assert spec.backward is None
     assert spec.schedule.inplace == (("y", "x"),)
     assert spec.schedule.tile is None and spec.schedule.threads is None
-    assert spec.dtypes == ("float16", "float32", "float64") and spec.layouts == ("ND", "NCHW", "NHWC")
+    assert spec.dtypes == ("float16", "float32", "float64", "int8", "int16", "int32")
+    assert spec.float_dtypes == ("float16", "float32", "float64") and spec.layouts == ("ND", "NCHW", "NHWC")
     graphs = build_graphs(spec)
     assert not graphs.declared and graphs.differentiable == ("x",)
 

@@ -21,7 +21,8 @@ from .. import __version__
 from .._paths import templates_dir
 from ..dsl.graph import OpGraphs
 from ..dsl.primitives import PRIMITIVES
-from ..lower import Kernel, Lowered, compute_dtype, cost, display, listing
+from ..lower import Kernel, Lowered, compute_dtype, cost, display, listing, quantized
+from ..lower.integer import fixed_point_factor
 from ..spec.model import OpSpec
 from ..target import Target
 
@@ -34,13 +35,23 @@ class ComputeType:
     cptr: str
     code: str       # storage code of this type (opkit_kernel.h)
     libm: str       # libm suffix: expf vs exp
+    storage: str    # the storage dtypes it serves, as a C condition on `dcode`
+
+    @property
+    def integer(self) -> bool:
+        return self.type.startswith("int")
 
 
 COMPUTE = {
-    "float32": ComputeType("f", "float", "opk_fp", "opk_cfp", "OPK_F32", "f"),
-    "float64": ComputeType("d", "double", "opk_dp", "opk_cdp", "OPK_F64", ""),
+    "float32": ComputeType("f", "float", "opk_fp", "opk_cfp", "OPK_F32", "f",
+                           "dcode == OPK_F32 or dcode == OPK_F16"),
+    "float64": ComputeType("d", "double", "opk_dp", "opk_cdp", "OPK_F64", "", "dcode == OPK_F64"),
+    "int32": ComputeType("i", "int32_t", "opk_ip", "opk_cip", "OPK_I32", "",
+                         "dcode == OPK_I8 or dcode == OPK_I16"),
+    "int64": ComputeType("l", "int64_t", "opk_lp", "opk_clp", "OPK_I64", "", "dcode == OPK_I32"),
 }
-DTYPE_CODES = {"float16": 1, "float32": 2, "float64": 3}
+DTYPE_CODES = {"float16": 1, "float32": 2, "float64": 3, "int8": 4, "int16": 5, "int32": 6, "int64": 7}
+TAG_CODES = {ct.tag: DTYPE_CODES[dt] for dt, ct in COMPUTE.items()}
 
 
 def instance_tag(dtype: str) -> str:
@@ -54,7 +65,18 @@ def _printable(text: str) -> str:
 def _constant(value, ct: ComputeType) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
+    if ct.integer:
+        return f"(<{ct.type}>{int(value)})"
     return f"(<{ct.type}>{_number(value)})"
+
+
+def _instances(dtypes) -> List[ComputeType]:
+    out: List[ComputeType] = []
+    for dt in dtypes:
+        ct = COMPUTE[compute_dtype(dt)]
+        if ct not in out:
+            out.append(ct)
+    return out
 
 
 def _operand(arg: str, ct: ComputeType) -> str:
@@ -66,22 +88,36 @@ def _operand(arg: str, ct: ComputeType) -> str:
     return arg
 
 
-def body_lines(kernel: Kernel, ct: ComputeType, file_name: str) -> List[str]:
+def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = False,
+               quant: Dict[str, int] = None) -> List[str]:
     lines = []
     for ins in kernel.body:
         if ins.op == "load":
             lines.append(f"{ins.dst} = p{ins.args[0]}[j]")
             continue
         args = [_operand(a, ct) for a in ins.args]
-        form = PRIMITIVES[ins.op].cython
         where = f"  # {file_name}:{ins.loc.line}" if ins.loc else ""
+        k = fixed_point_factor(ins, quant or {}) if ct.integer else None
+        if k is not None:  # x * (m / 2**bits): integer multiply, round, arithmetic shift
+            bits = quant[ins.args[1 - k][1:]]
+            lines.append(f"{ins.dst} = opk_qmul_{ct.tag}({args[k]}, {args[1 - k]}, {bits}){where}")
+            continue
+        if ct.integer and ins.op == "abs":
+            lines.append(f"{ins.dst} = ({args[0]} if {args[0]} >= 0 else -{args[0]}){where}")
+            continue
+        form = PRIMITIVES[ins.op].cython
         if "{d}" in form:  # statements of their own
             for statement in form.split("\n"):
                 lines.append(statement.format(*args, f=ct.libm, d=ins.dst, t=ins.dst + "_t") + where)
             continue
         lines.append(f"{ins.dst} = {form.format(*args, f=ct.libm)}{where}")
     for i, res in enumerate(kernel.results):
-        lines.append(f"q{i}[j] = {_operand(res, ct)}")
+        r = _operand(res, ct)
+        if clip:  # gradient clipping on store: clamp to [lo, hi], NaN stays NaN (two selects each)
+            lines += [f"c{i} = ({r} if {r} >= lo{i} else lo{i})", f"c{i} = ({r} if {r} != {r} else c{i})",
+                      f"d{i} = (c{i} if c{i} <= hi{i} else hi{i})", f"q{i}[j] = (c{i} if c{i} != c{i} else d{i})"]
+        else:
+            lines.append(f"q{i}[j] = {r}")
     return lines
 
 
@@ -93,13 +129,17 @@ def _schedule_text(kernel: Kernel) -> str:
             f"({s.lanes(4)} x float32, {s.lanes(8)} x float64); isa {s.isa}")
 
 
-def loop_text(kernel: Kernel) -> str:
+def loop_text(kernel: Kernel, instances: List[ComputeType], features) -> str:
     """What the element loop compiles to; tests compare it with the compiler's report."""
     calls = kernel.scalar_calls
     if calls:
         return (f"scalar (calls {', '.join(calls)}: libm functions the C compiler does not "
                 "vectorize without -ffast-math)")
-    return f"vectorized, {kernel.schedule.vector_bytes}-byte vectors"
+    text = f"vectorized, {kernel.schedule.vector_bytes}-byte vectors"
+    if any(ct.tag == "l" for ct in instances) and "avx512dq" not in features and \
+            any(i.op == "mul" for i in kernel.body):
+        text += "; int64 instance: scalar (a 64-bit vector multiply needs AVX-512DQ)"
+    return text
 
 
 def _passes(graphs: OpGraphs) -> List[str]:
@@ -111,14 +151,30 @@ def _passes(graphs: OpGraphs) -> List[str]:
     return out
 
 
-def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str) -> Dict:
-    instances = []
-    for dt in spec.dtypes:
-        ct = COMPUTE[compute_dtype(dt)]
-        if ct not in instances:
-            instances.append(ct)
+def _attr_fields(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str, int]):
+    """(C type, name, initial value from the Python argument attr_<name>) per attr the body
+    uses; an integer instance takes a quantized attr as its multiplier m."""
+    fields = []
+    for name in kernel.attrs:
+        a = spec.attr(name)
+        if a.type == "bool":
+            fields.append(("bint", name, f"attr_{name}"))
+        elif ct.integer and name in quant:
+            fields.append((ct.type, name, f"<{ct.type}>lrint(attr_{name} * {float(1 << quant[name])!r})"))
+        else:
+            fields.append((ct.type, name, f"<{ct.type}>attr_{name}"))
+    return fields
+
+
+def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str,
+                   clip: bool = False, features=()) -> Dict:
+    quant = quantized(spec)
+    dtypes = spec.float_dtypes if role.startswith("backward") else spec.dtypes
+    instances = _instances(dtypes)
     floats = [i.dst for i in kernel.body if i.kind == "float"]
     floats += [i.dst + "_t" for i in kernel.body if i.op in PRIMITIVES and "{t}" in PRIMITIVES[i.op].cython]
+    if clip:
+        floats += [f"{v}{i}" for i in range(len(kernel.outputs)) for v in ("c", "d")]
     bools = [i.dst for i in kernel.body if i.kind == "bool"]
     return {
         "name": kernel.name,
@@ -127,9 +183,9 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str) -> D
         "reads": [display(v) for v in kernel.inputs],
         "writes": [display(v) for v in kernel.outputs],
         "schedule": _schedule_text(kernel),
-        "loop": loop_text(kernel),
-        "dtypes": [{"name": dt, "cost": str(cost(kernel, dt)), "listing": listing(kernel, dt)}
-                   for dt in spec.dtypes],
+        "loop": loop_text(kernel, instances, features),
+        "dtypes": [{"name": dt, "cost": str(cost(kernel, dt)), "listing": listing(kernel, dt, quant)}
+                   for dt in dtypes],
         "instances": instances,
         "attrs": [spec.attr(a) for a in kernel.attrs],
         "n_in": len(kernel.inputs),
@@ -138,7 +194,10 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str) -> D
         "tile": kernel.schedule.tile,
         "float_vars": floats,
         "bool_vars": bools,
-        "body": {ct.tag: body_lines(kernel, ct, file_name) for ct in instances},
+        "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
+                 for ct in instances},
+        "fields": {ct.tag: _attr_fields(kernel, spec, ct, quant) for ct in instances},
+        "clip": clip,
     }
 
 
@@ -159,8 +218,9 @@ def template_digest() -> str:
 
 
 # NumPy's type numbers (its C ABI; the NumPy version is part of the build cache key)
-_NPY = {"float16": (np.dtype("float16").num, "OPK_F16"), "float32": (np.dtype("float32").num, "OPK_F32"),
-        "float64": (np.dtype("float64").num, "OPK_F64")}
+_NPY = {dt: (np.dtype(dt).num, f"OPK_{code}") for dt, code in
+        (("float16", "F16"), ("float32", "F32"), ("float64", "F64"), ("int8", "I8"), ("int16", "I16"),
+         ("int32", "I32"))}
 
 
 def _number(value: float) -> str:
@@ -183,6 +243,9 @@ def _attr_checks(a) -> List[str]:
             checks.append(f"{'<' if a.range.high_open else '<='} {_number(a.range.high)}")
     if a.type == "int":
         checks.append("== <double><long long>x_" + a.name)  # a whole number
+    if a.quantize is not None:  # its fixed-point multiplier fits 16 bits (opkit.quantize)
+        checks.append(f"* {float(1 << a.quantize)!r} <= 32767.5")
+        checks.append(f"* {float(1 << a.quantize)!r} >= -32767.5")
     return checks
 
 
@@ -207,18 +270,16 @@ def fast_context(spec: OpSpec, lowered: Lowered) -> Dict:
                       "nullable": a.nullable,
                       "null_means": _number(a.null_means) if a.nullable else None,
                       "checks": _attr_checks(a) if a.type != "bool" else []})
-    instances = []
-    for dt in spec.dtypes:
-        ct = COMPUTE[compute_dtype(dt)]
-        if ct not in instances:
-            instances.append(ct)
+    instances = _instances(spec.dtypes)
+    quant = quantized(spec)
     inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
     return {
         "kernel": k.name, "n_inputs": len(ins), "n_outputs": len(outs), "n_in": len(k.inputs),
         "n_ops": len(k.operands), "attrs": attrs,
         "kernel_inputs": [ins.index(v[3:]) for v in k.inputs],
         "kernel_outputs": [outs.index(v[4:]) for v in k.outputs],
-        "kernel_attrs": list(k.attrs), "kernel_attr_specs": [spec.attr(a) for a in k.attrs],
+        "kernel_attrs": list(k.attrs),
+        "fields": {ct.tag: _attr_fields(k, spec, ct, quant) for ct in instances},
         "dtypes": [{"npy": _NPY[dt][0], "code": _NPY[dt][1]} for dt in spec.dtypes],
         "instances": instances, "inplace": repr(inplace),
         "threshold": k.schedule.parallel_threshold, "max_threads": k.schedule.max_threads,
@@ -234,7 +295,8 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target) -> 
             continue
         for k in plan.kernels:
             role = f"{plan.kind}, writes {', '.join(display(v) for v in k.outputs)}"
-            kernels.append(kernel_context(k, role, spec, file_name))
+            kernels.append(kernel_context(k, role, spec, file_name, clip=plan.kind == "backward",
+                                          features=target.features))
     op = {"name": spec.name, "file": _printable(spec.file), "file_name": file_name,
           "dtypes": spec.dtypes, "passes": _passes(graphs)}
     return _environment().get_template("module.pyx.j2").render(

@@ -8,6 +8,7 @@ from ..dsl.graph import OpGraphs
 from ..spec.model import OpSpec
 from ..target import Target
 from .fuse import display, fuse
+from .integer import check_integer, quantized
 from .listing import Cost, compute_dtype, cost, listing
 from .plan import Instr, Kernel, LibCall, Plan, Schedule
 
@@ -40,9 +41,11 @@ def make_schedule(spec: OpSpec, target: Target) -> Schedule:
 def lower(spec: OpSpec, graphs: OpGraphs, target: Target) -> Lowered:
     schedule = make_schedule(spec, target)
     forward = fuse(graphs.forward, schedule, "fwd")
+    if spec.int_dtypes:
+        check_integer(spec, forward)
     backward = fuse(graphs.backward, schedule, "bwd") if graphs.differentiable else None
     return Lowered(forward, backward, schedule)
 
 
 __all__ = ["lower", "Lowered", "Plan", "Kernel", "LibCall", "Instr", "Schedule", "listing", "cost",
-           "Cost", "compute_dtype", "display", "make_schedule"]
+           "Cost", "compute_dtype", "display", "make_schedule", "quantized"]

@@ -2,19 +2,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import Dict, List
 
 from ..dsl.primitives import PRIMITIVES, TBE_EXPANSIONS
 from .fuse import display
+from .integer import fixed_point_factor
 from .plan import Kernel
 
-_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
-_TBE_TYPE = {"float16": "f16", "float32": "f32", "float64": "f64"}
+_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8}
+_TBE_TYPE = {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "s8", "int16": "s16",
+             "int32": "s32", "int64": "s64"}
+_COMPUTE = {"float16": "float32", "int8": "int32", "int16": "int32", "int32": "int64"}
 
 
 def compute_dtype(dtype: str) -> str:
-    """float16 is computed in float32 and rounded once on store."""
-    return "float32" if dtype == "float16" else dtype
+    """float16 is computed in float32 and rounded once on store; int8 and int16 in int32,
+    int32 in int64, saturated on store."""
+    return _COMPUTE.get(dtype, dtype)
 
 
 def _operand(name: str) -> str:
@@ -25,13 +29,24 @@ def _operand(name: str) -> str:
     return name
 
 
-def listing(kernel: Kernel, dtype: str) -> List[str]:
-    """One line per vector instruction, `mnemonic dst, src...`, for one storage dtype."""
+def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[str]:
+    """One line per vector instruction, `mnemonic dst, src...`, for one storage dtype. `quant`:
+    the attrs stored as fixed point (name -> bits), used by integer dtypes."""
     ct = _TBE_TYPE[compute_dtype(dtype)]
     st = _TBE_TYPE[dtype]
+    integer = dtype.startswith("int")
     lines: List[str] = []
     names = {}
     for ins in kernel.body:
+        k = fixed_point_factor(ins, quant or {}) if integer else None
+        if k is not None:  # x * m / 2**bits: multiply, round, shift
+            x, attr = names.get(ins.args[k], ins.args[k]), ins.args[1 - k][1:]
+            bits = quant[attr]
+            names[ins.dst] = ins.dst
+            lines += [f"vmuls    {ins.dst}, {x}, {attr}.m          ; {attr} = m / 2**{bits}",
+                      f"vadds    {ins.dst}, {ins.dst}, #{1 << (bits - 1)}       ; round to nearest",
+                      f"vshrs    {ins.dst}, {ins.dst}, #{bits}         ; arithmetic shift"]
+            continue
         if ins.op == "load":
             src = display(kernel.inputs[int(ins.args[0])])
             names[ins.dst] = src
@@ -54,7 +69,7 @@ def listing(kernel: Kernel, dtype: str) -> List[str]:
     for out, res in zip(kernel.outputs, kernel.results):
         src = names.get(res, _operand(res))
         if st != ct:
-            lines.append(f"vconv_{ct}2{st} {src}, {src}")
+            lines.append(f"vconv_{ct}2{st} {src}, {src}" + ("     ; saturate" if integer else ""))
         lines.append(f"vst      gm.{display(out)}, {src}")
     return lines
 

@@ -14,10 +14,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..dsl import named
-from ..spec.model import FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
+from ..spec.model import DTYPES, FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
-_NAMES = {np.dtype(d): d for d in FLOAT_DTYPES}
+_NAMES = {np.dtype(d): d for d in DTYPES}
 
 
 def dtype_name(dtype: np.dtype) -> str:
@@ -46,14 +46,21 @@ class Bound:
     outputs: Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...], Optional[np.ndarray]]]
 
 
-def split_args(spec: OpSpec, leading: Sequence[str], args: tuple, kwargs: dict, where: str):
-    """Match positional and keyword arguments to `leading` names, then the attrs, in order."""
+def split_args(spec: OpSpec, leading: Sequence[str], args: tuple, kwargs: dict, where: str,
+               keyword_only: Sequence[str] = ()):
+    """Match positional and keyword arguments to `leading` names, then the attrs, in order;
+    `keyword_only` names are accepted by keyword."""
     order = list(leading) + list(spec.attr_names)
     if len(args) > len(order):
         raise TypeError(f"{where} takes at most {len(order)} positional arguments "
                         f"({', '.join(order)}), got {len(args)}")
     given = dict(zip(order, args))
+    for name in keyword_only:
+        if name in kwargs:
+            given[name] = kwargs[name]
     for key, value in kwargs.items():
+        if key in keyword_only:
+            continue
         if key not in order:
             close = difflib.get_close_matches(key, order, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(order)}"
@@ -61,7 +68,7 @@ def split_args(spec: OpSpec, leading: Sequence[str], args: tuple, kwargs: dict, 
         if key in given:
             raise TypeError(f"{where} got argument {key!r} twice (by position and by keyword)")
         given[key] = value
-    for name in leading:
+    for name in list(leading) + list(keyword_only):
         if name not in given:
             raise TypeError(f"{where} is missing the argument {name!r}")
     return given
@@ -190,7 +197,8 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     float_dtypes = [a.dtype for a in arrays.values() if dtype_name(a.dtype) in FLOAT_DTYPES]
-    dtype = np.result_type(*float_dtypes) if float_dtypes else np.dtype(spec.dtypes[0])
+    # floats promote as in NumPy; integer-only calls run in the integers' common dtype
+    dtype = np.result_type(*(float_dtypes or [a.dtype for a in arrays.values()]))
     if dtype_name(dtype) not in spec.dtypes:
         raise TypeError(f"{where}: the inputs together need dtype {dtype.name}, which this "
                         f"operator does not support ({', '.join(spec.dtypes)})")

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from math import prod
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..codegen import DTYPE_CODES, instance_tag
+from ..codegen import DTYPE_CODES, TAG_CODES, instance_tag
 from ..dsl import named
 from ..dsl.library import LIBRARY, Context
 from ..lower import Kernel, LibCall, Plan, compute_dtype
@@ -51,8 +51,11 @@ class Executor:
                     self.direct[src] = step
 
     def run(self, bound: Bound, module, out_arrays: Dict[str, np.ndarray],
-            out_dtypes: Dict[str, np.dtype], like: Dict[str, Value]) -> Dict[str, np.ndarray]:
-        """`out_arrays`: caller-given outputs; `like`: (array, names) each output takes its layout from."""
+            out_dtypes: Dict[str, np.dtype], like: Dict[str, Value],
+            clip: Optional[float] = None) -> Dict[str, np.ndarray]:
+        """`out_arrays`: caller-given outputs; `like`: (array, names) each output takes its layout
+        from; `clip`: clamp every result to [-clip, clip] (backward: gradient clipping), inside
+        the kernel that writes it when nothing reduces it afterwards."""
         env: Dict[str, Value] = dict(bound.values)
         results: Dict[str, np.ndarray] = {}
         skipped = set()
@@ -64,7 +67,7 @@ class Executor:
             if isinstance(step, LibCall):
                 if step.name in skipped:
                     continue
-                self._library(step, env, bound, out_dtypes, like)
+                self._library(step, env, bound, out_dtypes, like, clip)
                 continue
             ins = [env[v] for v in step.inputs]
             for vid in step.outputs:
@@ -84,7 +87,12 @@ class Executor:
                         skipped.add(lib.name)
                         continue
                 env[vid] = self._temp(ins, step.inputs, temp_dtype)
-            self._kernel(step, env, bound, module, tag, any(v in out_arrays for v in step.outputs))
+            clips = None
+            if clip is not None and self.plan.kind == "backward":
+                # a result that lands in an output as it is gets clamped on store
+                clips = tuple((-clip, clip) if v.startswith("out:") or (v in self.direct and self.direct[v].name in skipped)
+                              else (-np.inf, np.inf) for v in step.outputs)
+            self._kernel(step, env, bound, module, tag, any(v in out_arrays for v in step.outputs), clips)
         for out_name, vid in self.plan.outputs:
             results[out_name] = env[vid][0]
         return results
@@ -101,10 +109,10 @@ class Executor:
         return np.empty(tuple(sizes[n] for n in nm), dtype=dtype), nm
 
     def _kernel(self, k: Kernel, env: Dict[str, Value], bound: Bound, module, tag: str,
-                warm: bool) -> None:
+                warm: bool, clips=None) -> None:
         out_arr, iter_names = env[k.outputs[0]]
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
-        ccode = DTYPE_CODES["float64" if tag == "d" else "float32"]
+        ccode = TAG_CODES[tag]
         key = (k.name, iter_names, out_arr.shape, warm, ccode,
                tuple((arr.shape, arr.strides, arr.dtype, nm) for arr, nm in operands))
         geom = self._geometries.get(key)
@@ -117,8 +125,9 @@ class Executor:
         if total == 0:
             return
         fn = getattr(module, f"{k.name}_{tag}")
-        fn(geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
-           thread_count(total, k.schedule, tag == "d"), warm)
+        args = (geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
+                thread_count(total, k.schedule, tag == "d"), warm)
+        fn(*args, clips) if clips is not None else fn(*args)
 
     def _geometry(self, k: Kernel, operands, iter_names, iter_shape, warm: bool,
                   ccode: int) -> np.ndarray:
@@ -135,7 +144,7 @@ class Executor:
         geom.flags.writeable = False
         return geom
 
-    def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like) -> None:
+    def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like, clip=None) -> None:
         ctx = Context({k[3:]: v for k, v in env.items() if k.startswith("in:")})
         compute = np.dtype(compute_dtype(dtype_name(bound.dtype)))
         args = []
@@ -155,5 +164,7 @@ class Executor:
                 env[step.result] = self._allocate(like[step.result], out_dtypes[step.result])
             dst, dst_names = env[step.result]
             np.copyto(dst, named.expand_to(arr, nm, dst_names), casting="unsafe")
+            if clip is not None and self.plan.kind == "backward":
+                np.clip(dst, -clip, clip, out=dst)
         else:
             env[step.result] = (arr, nm)

@@ -8,6 +8,10 @@ import numpy as np
 
 from ..build import BuildResult, build, toolchain
 from ..config import get as setting
+from ..config import plain as plain_config
+from ..spec.model import INT_DTYPES
+from .bind import dtype_name
+from .precision import apply_mode, quantized_attrs
 from ..codegen import render
 from ..dsl.graph import OpGraphs
 from ..errors import SpecError
@@ -26,6 +30,17 @@ def _inplace_safe(plan, out_vid: str, in_vid: str) -> bool:
     readers = [i for i, s in enumerate(plan.steps)
                if in_vid in (s.inputs if isinstance(s, Kernel) else s.args)]
     return all(i <= writer for i in readers)
+
+
+def check_clip(clip, where: str) -> Optional[float]:
+    if clip is None:
+        return None
+    if isinstance(clip, bool) or not isinstance(clip, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{where}: clip must be a positive number or None, got {type(clip).__name__}")
+    clip = float(clip)
+    if not clip > 0:
+        raise ValueError(f"{where}: clip must be > 0, got {clip!r}")
+    return clip
 
 
 class Op:
@@ -159,19 +174,32 @@ class Op:
             like[f"out:{o.name}"] = (like_arr, out_names)
         return like
 
-    def __call__(self, *args, out=None, layout: Optional[str] = None, **kwargs):
-        if layout is None:
+    def __call__(self, *args, out=None, layout: Optional[str] = None,
+                 precision_mode: Optional[str] = None, **kwargs):
+        if layout is None and precision_mode is None and plain_config():
             fast = self._fast.get(setting("isa"))
             if fast is not None:
                 result = fast(args, kwargs, out, setting("num_threads"))
                 if result is not NotImplemented:
                     return result
-        return self._call(args, kwargs, out, layout)
+        return self._call(args, kwargs, out, layout, precision_mode)
 
-    def _call(self, args, kwargs, out, layout):
+    def _prepare(self, args, kwargs, layout, precision_mode, where, extra=()):
+        """Arguments matched, cast by the precision mode, checked and bound. `extra`:
+        (name, output) of the output gradients a backward call carries."""
+        given = split_args(self.spec, self.spec.input_names, args, kwargs, where,
+                           [name for name, _ in extra])
+        mode = precision_mode if precision_mode is not None else setting("precision_mode")
+        given = apply_mode(self.spec, given, mode, where, [name for name, _ in extra])
+        extra = [(name, given[name], like) for name, like in extra]
+        bound = bind(self.spec, given, layout, where, extra, cache=self._shapes)
+        if setting("alpha_quant") or dtype_name(bound.dtype) in INT_DTYPES:
+            bound.attrs = quantized_attrs(self.spec, bound.attrs)
+        return bound
+
+    def _call(self, args, kwargs, out, layout, precision_mode):
         where = f"{self.name}()"
-        given = split_args(self.spec, self.spec.input_names, args, kwargs, where)
-        bound = bind(self.spec, given, layout, where, cache=self._shapes)
+        bound = self._prepare(args, kwargs, layout, precision_mode, where)
         outs = self._prepare_out(out, bound, where) if out is not None else {}
         self._aligned(bound)
         unaligned = {vid: a for vid, a in outs.items() if not a.flags.aligned}
@@ -187,13 +215,16 @@ class Op:
         values = tuple(results[o.name] for o in self.spec.outputs)
         return values[0] if len(values) == 1 else values
 
-    def backward(self, dy, *args, layout: Optional[str] = None, **kwargs) -> Tuple:
+    def backward(self, dy, *args, layout: Optional[str] = None,
+                 precision_mode: Optional[str] = None, clip: Optional[float] = None, **kwargs) -> Tuple:
         """Gradients of every input, in declared order (None for non-differentiable ones).
 
-        `dy` is the gradient of the output (a tuple of them when the operator has several)."""
+        `dy` is the gradient of the output (a tuple of them when the operator has several).
+        `clip`: every gradient is clamped to [-clip, clip] in the same pass that computes it."""
         where = f"{self.name}.backward()"
         if self._bwd is None:
             raise TypeError(f"{where}: {self.name} has no differentiable inputs")
+        clip = check_clip(clip, where)
         outputs = self.spec.outputs
         if len(outputs) == 1:
             cots = tuple(dy) if isinstance(dy, tuple) else (dy,)
@@ -204,15 +235,22 @@ class Op:
             cots = tuple(dy)
         if len(cots) != len(outputs):
             raise ValueError(f"{where}: expected {len(outputs)} output gradient(s), got {len(cots)}")
-        given = split_args(self.spec, self.spec.input_names, args, kwargs, where)
-        extra = [(f"d{o.name}", c, o.name) for o, c in zip(outputs, cots)]
-        bound = bind(self.spec, given, layout, where, extra, cache=self._shapes)
+        cot_names = [f"d{o.name}" for o in outputs]
+        kwargs = dict(kwargs)
+        for name, c in zip(cot_names, cots):
+            if name in kwargs:
+                raise TypeError(f"{where} got {name} twice (as dy and by keyword)")
+            kwargs[name] = c
+        bound = self._prepare(args, kwargs, layout, precision_mode, where,
+                              [(n, o.name) for n, o in zip(cot_names, outputs)])
+        if dtype_name(bound.dtype) in INT_DTYPES:
+            raise TypeError(f"{where}: integer calls have no gradient; pass float arrays")
         self._aligned(bound)
         like, dtypes = {}, {}
         for name in self.graphs.differentiable:
             arr, names = bound.values[f"in:{name}"]
             like[f"out:d{name}"] = (arr, names)
             dtypes[f"out:d{name}"] = arr.dtype  # a gradient takes its input's dtype
-        results = self._bwd.run(bound, self.module(), {}, dtypes, like)
+        results = self._bwd.run(bound, self.module(), {}, dtypes, like, clip)
         return tuple(results.get(f"d{n}") for n in self.spec.input_names)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import Loc, SpecError
+from ..quantize import fixed_point
 from .model import (ATTR_TYPES, DTYPES, FLOAT_DTYPES, LAYOUTS, RESERVED_NAMES, AttrSpec, Binding,
                     InputSpec, Interval, OpSpec, OutputSpec, ScheduleSpec)
 from .yamlnodes import YNode, load_yaml
@@ -197,7 +198,7 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
     for name, child in node.value.items():
         where = f"attrs.{name}"
         _check_name(name, node.key_loc(name), "attrs", taken)
-        f = _Map(child, where, ("type", "default", "range", "null_means"))
+        f = _Map(child, where, ("type", "default", "range", "null_means", "quantize"))
         typ_node = f.need("type")
         if typ_node.value not in ATTR_TYPES:
             raise SpecError(f"{where}.type: expected one of {', '.join(ATTR_TYPES)}, got {_kind(typ_node.value)}",
@@ -213,6 +214,15 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
             if typ != "float":
                 raise SpecError(f"{where}.null_means: only float attrs can be null", f.get("null_means").loc)
             null_means = float(_number(f.get("null_means"), f"{where}.null_means"))
+        quantize = None
+        if f.get("quantize") is not None:
+            qn = f.get("quantize")
+            if typ != "float":
+                raise SpecError(f"{where}.quantize: only float attrs can be quantized", qn.loc)
+            quantize = int(_number(qn, f"{where}.quantize", integer=True))
+            if not 1 <= quantize <= 15:
+                raise SpecError(f"{where}.quantize: expected a number of bits in 1..15, got {quantize}",
+                                qn.loc)
         dn = f.get("default")
         required = "default" not in child.value
         default = None
@@ -226,7 +236,13 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
                 if rng is not None and default not in rng:
                     raise SpecError(f"{where}.default: {default!r} is outside the range {rng}", dn.loc)
         taken[name.lower()] = "an attr"
-        specs.append(AttrSpec(name, typ, default, required, rng, null_means, node.key_loc(name)))
+        if quantize is not None and default is not None:
+            try:
+                fixed_point(default, quantize)
+            except ValueError as exc:
+                raise SpecError(f"{where}.default: {exc}", dn.loc) from None
+        specs.append(AttrSpec(name, typ, default, required, rng, null_means, quantize,
+                              node.key_loc(name)))
     return tuple(specs)
 
 
@@ -304,7 +320,8 @@ def _schedule(node: Optional[YNode], inputs, outputs) -> ScheduleSpec:
                         positive("threads", 1, 1024), node.loc)
 
 
-_TOP_KEYS = ("name", "summary", "inputs", "attrs", "outputs", "forward", "backward", "schedule")
+_TOP_KEYS = ("name", "summary", "inputs", "attrs", "outputs", "forward", "backward", "schedule",
+             "precision_reduce")
 
 
 def parse_spec(text: str, file: str) -> OpSpec:
@@ -329,8 +346,10 @@ def parse_spec(text: str, file: str) -> OpSpec:
     forward = _bindings(top.need("forward"), "forward")
     backward = _bindings(top.get("backward"), "backward") if top.get("backward") is not None else None
     schedule = _schedule(top.get("schedule"), inputs, outputs)
+    pr = top.get("precision_reduce")
+    precision_reduce = _bool(pr, "precision_reduce") if pr is not None else False
     spec = OpSpec(name, summary, inputs, attrs, outputs, forward, backward, schedule,
-                  file, root.loc, text)
+                  precision_reduce, file, root.loc, text)
     if not spec.dtypes:
         raise SpecError("inputs: the inputs share no dtype, so no kernel can be compiled; "
                         "give every input at least one common dtype", root.key_loc("inputs"))

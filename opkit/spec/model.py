@@ -10,7 +10,8 @@ from typing import Optional, Tuple, Union
 from ..errors import Loc
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
-DTYPES = FLOAT_DTYPES
+INT_DTYPES = ("int8", "int16", "int32")
+DTYPES = FLOAT_DTYPES + INT_DTYPES
 LAYOUTS = ("ND", "NCHW", "NHWC")
 # The logical dims that a 4-d layout names, and their physical order in memory.
 LAYOUT_DIMS = {"NCHW": ("N", "C", "H", "W"), "NHWC": ("N", "C", "H", "W")}
@@ -75,6 +76,7 @@ class AttrSpec:
     required: bool
     range: Optional[Interval]
     null_means: Optional[float]       # value a None (null) attr takes inside expressions
+    quantize: Optional[int]           # fixed-point bits: the attr is m / 2**bits (integer kernels)
     loc: Loc
 
     @property
@@ -119,6 +121,7 @@ class OpSpec:
     forward: Tuple[Binding, ...]
     backward: Optional[Tuple[Binding, ...]]
     schedule: ScheduleSpec
+    precision_reduce: bool            # allow_mix_precision may run float32 calls in float16
     file: str
     loc: Loc
     source: str = field(repr=False, compare=False, default="")  # the file's text, for `opkit show`
@@ -148,6 +151,14 @@ class OpSpec:
         return tuple(common)
 
     @functools.cached_property
+    def float_dtypes(self) -> Tuple[str, ...]:
+        return tuple(d for d in self.dtypes if d in FLOAT_DTYPES)
+
+    @functools.cached_property
+    def int_dtypes(self) -> Tuple[str, ...]:
+        return tuple(d for d in self.dtypes if d in INT_DTYPES)
+
+    @functools.cached_property
     def layouts(self) -> Tuple[str, ...]:
         """The layouts a call may name; the first is the default."""
         seen = []
@@ -166,10 +177,11 @@ class OpSpec:
                         list(i.shape) if i.shape else None, i.differentiable, list(i.domain)]
                        for i in self.inputs],
             "attrs": [[a.name, a.type, a.default, a.required, str(a.range) if a.range else None,
-                       a.null_means] for a in self.attrs],
+                       a.null_means, a.quantize] for a in self.attrs],
             "outputs": [[o.name, o.like] for o in self.outputs],
             "forward": [[b.name, _expr_form(b.expr)] for b in self.forward],
             "backward": [[b.name, _expr_form(b.expr)] for b in self.backward] if self.backward else None,
             "schedule": [list(map(list, self.schedule.inplace)), self.schedule.tile,
                          self.schedule.parallel_threshold, self.schedule.threads],
+            "precision_reduce": self.precision_reduce,
         }

@@ -1,0 +1,69 @@
+"""Integer kernels: which forward passes have an integer form, and what each step becomes.
+
+An integer kernel computes in int32 (int8 and int16 inputs) or int64 (int32 inputs) and
+saturates on store. A float attr declared `quantize: K` enters as the fixed-point m / 2**K: its
+product with a value x is ``(x * m + 2**(K-1)) >> K`` (round to nearest, ties toward +inf).
+Comparisons, selects, min, max, abs, negation, addition, subtraction and products of integer
+values keep their meaning; nothing else has an integer form, and saying so is a SpecError at
+the line that needs it.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from ..errors import SpecError
+from ..spec.model import OpSpec
+from .plan import Instr, Kernel, Plan
+
+# the primitives an integer kernel computes exactly as written
+INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min", "max", "where", "gt", "ge", "lt", "le",
+               "eq", "ne", "and", "or", "not")
+
+
+def quantized(spec: OpSpec) -> Dict[str, int]:
+    """attr name -> fixed-point bits, for the attrs declared `quantize:`."""
+    return {a.name: a.quantize for a in spec.attrs if a.quantize is not None}
+
+
+def fixed_point_factor(ins: Instr, quant: Dict[str, int]) -> Optional[int]:
+    """The index of the value multiplied by a quantized attr in `ins`, or None."""
+    if ins.op != "mul":
+        return None
+    a, b = ins.args
+    if a.startswith("@") and a[1:] in quant and not b.startswith(("@", "#")):
+        return 1
+    if b.startswith("@") and b[1:] in quant and not a.startswith(("@", "#")):
+        return 0
+    return None
+
+
+def check_integer(spec: OpSpec, plan: Plan) -> None:
+    """The forward pass has an integer form, or a SpecError points at the line that has none."""
+    quant = quantized(spec)
+    dtypes = ", ".join(spec.int_dtypes)
+    for step in plan.steps:
+        if not isinstance(step, Kernel):
+            raise SpecError(f"inputs: {dtypes} declared, but forward needs {step.prim}, which has no "
+                            "integer form; declare float dtypes only", spec.loc)
+        for ins in step.body:
+            if ins.op == "load":
+                continue
+            where = ins.loc or spec.loc
+            if ins.op not in INTEGER_OPS:
+                raise SpecError(f"forward: {dtypes} declared, but {ins.op} has no integer form; "
+                                "declare float dtypes only, or write the formula without it", where)
+            if fixed_point_factor(ins, quant) is not None:
+                continue
+            for arg in ins.args:
+                if arg.startswith("#") and arg[1:] not in ("True", "False") and \
+                        not float(arg[1:]).is_integer():
+                    raise SpecError(f"forward: {dtypes} declared, but the constant {arg[1:]} is not "
+                                    "an integer", where)
+                if arg.startswith("@"):
+                    a = spec.attr(arg[1:])
+                    if a.type == "float":
+                        hint = (f"; declare it `quantize: 7` to use it as a fixed-point multiplier"
+                                if a.quantize is None else
+                                "; a quantized attr can only multiply a value")
+                        raise SpecError(f"forward: {dtypes} declared, but the float attr {a.name} is "
+                                        f"used in {ins.op}{hint}", where)
