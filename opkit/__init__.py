@@ -9,8 +9,9 @@ __version__ = "0.1.0"
 from types import ModuleType as _ModuleType
 from typing import List as _List
 
-from .config import config, configure
+from .config import PRECISION_MODES, config, configure
 from .errors import BuildError, SpecError, ValidationError
+from .quantize import quantize_alpha
 from .registry import REGISTRY as _REGISTRY
 from .registry import load_defaults as _load_defaults
 from .runtime import Op
@@ -51,4 +52,4 @@ ops = _Ops("opkit.ops", "Every registered operator, as an attribute.")
 _load_defaults()
 
 __all__ = ["list_ops", "get", "load", "ops", "Op", "SpecError", "BuildError", "ValidationError",
-           "configure", "config", "__version__"]
+           "configure", "config", "quantize_alpha", "PRECISION_MODES", "__version__"]

@@ -178,6 +178,17 @@ def cmd_show(args) -> int:
     s = op.spec
     out = [f"# {s.name}: {s.summary}", f"# declared in {s.file}", "", "## declaration", "",
            s.source.rstrip(), "", "## forward", "", op.graphs.forward.format()]
+    quantized = [a for a in s.attrs if a.quantize is not None]
+    if quantized:
+        from .quantize import fixed_point
+        out += ["", "## fixed-point attrs (integer kernels; float kernels with alpha_quant)", ""]
+        for a in quantized:
+            if a.default is None:
+                out.append(f"{a.name}: {a.quantize} bits, no default")
+                continue
+            m, bits, value = fixed_point(a.default, a.quantize)
+            out.append(f"{a.name}: {a.quantize} bits; default {a.default!r} is m = {m}, "
+                       f"{m}/2**{bits} = {value!r} (error {value - a.default:+.3g})")
     if op.graphs.differentiable:
         how = "declared (checked against the derivation)" if op.graphs.declared else "derived"
         out += ["", f"## backward, {how}", "", op.graphs.backward.format()]

@@ -243,8 +243,10 @@ class Op:
             kwargs[name] = c
         bound = self._prepare(args, kwargs, layout, precision_mode, where,
                               [(n, o.name) for n, o in zip(cot_names, outputs)])
-        if dtype_name(bound.dtype) in INT_DTYPES:
-            raise TypeError(f"{where}: integer calls have no gradient; pass float arrays")
+        ints = [n for n in self.spec.input_names if bound.values[f"in:{n}"][0].dtype.kind in "iu"]
+        if ints or dtype_name(bound.dtype) in INT_DTYPES:
+            raise TypeError(f"{where}: integer calls have no gradient ({', '.join(ints) or 'dy'} "
+                            "is an integer array); pass float arrays")
         self._aligned(bound)
         like, dtypes = {}, {}
         for name in self.graphs.differentiable:

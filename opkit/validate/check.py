@@ -13,7 +13,7 @@ import numpy as np
 
 from ..dsl.graph import OpGraphs
 from ..errors import SpecError
-from ..spec.model import FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
+from ..spec.model import FLOAT_DTYPES, INT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
 from ..runtime.bind import bind, input_names
 from .reference import evaluate, shaped
 
@@ -272,7 +272,8 @@ def validate_op(op, dtypes: Optional[List[str]] = None, seed: int = 0) -> Report
     cases = make_cases(spec, rng, sched.tile, sched.parallel_threshold)
     attrs = default_attrs(spec)
     report = Report(spec.name)
-    for dtype in dtypes or [d for d in spec.dtypes if d in FLOAT_DTYPES]:
+    wanted = dtypes or list(spec.dtypes)
+    for dtype in [d for d in wanted if d in FLOAT_DTYPES]:
         fwd, bwd = Comparison(), Comparison()
         nb = 0
         for case in cases:
@@ -302,9 +303,55 @@ def validate_op(op, dtypes: Optional[List[str]] = None, seed: int = 0) -> Report
         report.checks.append(_check(f"forward {dtype}", len(cases), fwd))
         if graphs.differentiable:
             report.checks.append(_check(f"backward {dtype}", nb, bwd))
-    if graphs.differentiable and "float64" in spec.dtypes:
+    for dtype in [d for d in wanted if d in INT_DTYPES]:
+        report.checks.append(check_integer_kernel(op, dtype, cases, rng))
+    if graphs.differentiable and "float64" in spec.dtypes and "float64" in wanted:
         report.checks.append(gradcheck(op, cases, attrs, rng, report.notes))
     return report
+
+
+def _int_values(rng, shape, dtype: str, exhaustive: bool) -> np.ndarray:
+    info = np.iinfo(dtype)
+    if exhaustive:  # every value of the dtype (repeated), or values spread over the whole range
+        every = np.arange(info.min, info.max + 1, dtype=np.int64)
+        size = int(np.prod(shape, dtype=np.int64))
+        if size < every.size:
+            every = every[np.linspace(0, every.size - 1, size).astype(np.int64)]
+        return np.resize(every, size).reshape(shape).astype(dtype)
+    arr = rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=np.int64)
+    flat = arr.reshape(-1)
+    edges = [info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max]
+    flat[:min(len(edges), flat.size)] = edges[:flat.size]
+    return arr.astype(dtype)
+
+
+def check_integer_kernel(op, dtype: str, cases: List[Case], rng) -> Check:
+    """Integer kernels against the exact integer reference, bit for bit: every int8 and int16
+    value in the larger cases, at the attrs' defaults and at random values in their ranges."""
+    from .integer import evaluate_int, saturate
+    spec, graphs = op.spec, op.graphs
+    worst, count, where = 0.0, 0, ""
+    for attrs in attr_samples(spec, rng):
+        for case in cases:
+            inputs = {}
+            for k, v in case.arrays.items():
+                exhaustive = dtype in ("int8", "int16") and v.size >= 256
+                inputs[k] = layout_view(_int_values(rng, v.shape, dtype, exhaustive), case.views[k])
+            result = op(**inputs, **attrs, layout=case.layout)
+            results = result if isinstance(result, tuple) else (result,)
+            bound = bind(spec, {**inputs, **attrs}, case.layout, spec.name)
+            ref = evaluate_int(spec, graphs.forward, bound.values, bound.attrs)
+            for o, actual in zip(spec.outputs, results):
+                names, shape, _ = bound.outputs[o.name]
+                want = saturate(np.asarray(shaped(ref[o.name], names, shape)), dtype)
+                bad = actual != want
+                if actual.dtype != np.dtype(dtype) or bad.any():
+                    i = tuple(np.argwhere(bad)[0]) if bad.any() else ()
+                    worst = np.inf
+                    where = (f"{case.label} {o.name}: got {actual[i]!r}, expected {want[i]!r}"
+                             f" with {attrs}" if i else f"{case.label}: dtype {actual.dtype}")
+            count += 1
+    return Check(f"forward {dtype}", count, worst, 0.0 if worst == 0 else worst, 0, worst == 0, where)
 
 
 def _check(what: str, cases: int, c: Comparison) -> Check:
