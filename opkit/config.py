@@ -91,6 +91,7 @@ def configure(settings: Dict[str, Any] = None, **kwargs) -> None:
     merged = dict(settings or {})
     merged.update(kwargs)
     _global.update(_validate(merged))
+    _STATE.clear()
 
 
 @contextlib.contextmanager
@@ -121,6 +122,18 @@ def plain() -> bool:
     return get("precision_mode") == DEFAULT_PRECISION and not get("alpha_quant")
 
 
+_STATE: list = []  # the process-wide (isa, num_threads, plain), kept while no block overrides
+
+
+def call_state():
+    """(isa, num_threads, plain) for the call being made, cheaply: every operator call asks."""
+    if not _context.get():
+        if not _STATE:
+            _STATE.append((get("isa"), get("num_threads"), plain()))
+        return _STATE[0]
+    return get("isa"), get("num_threads"), plain()
+
+
 def current() -> Dict[str, Any]:
     """Every setting's effective value here and now."""
     return {name: get(name) for name in sorted(_SETTINGS)}
@@ -129,3 +142,4 @@ def current() -> Dict[str, Any]:
 def reset() -> None:
     """Back to the defaults (environment variables are read again)."""
     _global.clear()
+    _STATE.clear()

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..build import BuildResult, build, toolchain
 from ..config import get as setting
-from ..config import plain as plain_config
+from ..config import call_state
 from ..spec.model import INT_DTYPES
 from .bind import dtype_name
 from .precision import apply_mode, quantized_attrs
@@ -176,10 +176,11 @@ class Op:
 
     def __call__(self, *args, out=None, layout: Optional[str] = None,
                  precision_mode: Optional[str] = None, **kwargs):
-        if layout is None and precision_mode is None and plain_config():
-            fast = self._fast.get(setting("isa"))
+        if layout is None and precision_mode is None:
+            isa, nthreads, plain = call_state()
+            fast = self._fast.get(isa) if plain else None
             if fast is not None:
-                result = fast(args, kwargs, out, setting("num_threads"))
+                result = fast(args, kwargs, out, nthreads)
                 if result is not NotImplemented:
                     return result
         return self._call(args, kwargs, out, layout, precision_mode)
