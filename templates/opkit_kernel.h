@@ -477,6 +477,10 @@ static inline void opk_store_c(int ccode, char *dst, Py_ssize_t stride, int code
  * (ccode) and the buffer is transposed into the outputs, with streaming stores when `stream` says
  * the outputs are memory the caller gave. Work units are elements, or blocks. */
 typedef void (*opk_segment_fn)(Py_ssize_t n, char **ptr, Py_ssize_t *step, int *code, void *ctx);
+/* rows of `inner` elements: operands in `mask` (inputs) hold one value per row, the others run on
+ * contiguously from row to row; everything is stored in the compute type */
+typedef void (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char **ptr, Py_ssize_t *rstep,
+                            int mask, void *ctx);
 
 enum { OPK_G_NDIM, OPK_G_NOPS, OPK_G_NOUT, OPK_G_TDIM, OPK_G_CCODE, OPK_G_STREAM, OPK_G_SHAPE };
 
@@ -504,7 +508,7 @@ static inline Py_ssize_t opk_units(const Py_ssize_t *g)
 #endif
 
 static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
-                          opk_segment_fn fn, void *ctx)
+                          opk_segment_fn fn, opk_rows_fn rows, void *ctx)
 {
     const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
     const int ccode = (int)g[OPK_G_CCODE];
@@ -536,8 +540,17 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
         if (!per_row[k] && rs != inner * step[k]) group = 0;
     }
     group = group && any_per_row;
+    /* the kernel's own row loop takes per-row values as scalars: no spreading, when every
+     * operand is stored in the compute type (and runs contiguously, or is per-row) */
+    int mask = 0, use_rows = group && rows != NULL;
+    Py_ssize_t rstep[OPK_MAXOPS];
+    for (Py_ssize_t k = 0; group && k < nops; k++) {
+        rstep[k] = strides[k * nd + nd - 2];
+        if (per_row[k]) mask |= 1 << k;
+        if (code[k] != ccode || (!per_row[k] && step[k] != csize)) use_rows = 0;
+    }
     char *spread = NULL;
-    if (group) {
+    if (group && !use_rows) {
         spread = (char *)PyMem_RawMalloc((size_t)nops * OPK_GROUP * csize);
         if (spread == NULL) group = 0;
     }
@@ -547,7 +560,12 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
         Py_ssize_t nrows = rows_here < left / inner ? rows_here : left / inner;
         if (nrows > OPK_GROUP / inner) nrows = OPK_GROUP / inner;
         Py_ssize_t m;
-        if (nrows >= 2) {
+        if (nrows >= 2 && use_rows) {
+            rows(nrows, inner, row, rstep, mask, ctx);
+            m = nrows * inner;
+            for (Py_ssize_t k = 0; k < nops; k++) row[k] += (nrows - 1) * strides[k * nd + nd - 2];
+            idx[nd - 2] += nrows - 1;
+        } else if (nrows >= 2) {
             for (Py_ssize_t k = 0; k < nops; k++) {
                 if (per_row[k]) {
                     char *dst = spread + k * OPK_GROUP * csize;
@@ -681,11 +699,11 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
  * this on disjoint ranges, so each element is computed exactly once and the result does not
  * depend on the number of threads. */
 static void opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
-                     opk_segment_fn fn, void *ctx)
+                     opk_segment_fn fn, opk_rows_fn rows, void *ctx)
 {
     if (stop <= start) return;
     if (g[OPK_G_TDIM] >= 0) opk_walk_blocks(start, stop, g, base, fn, ctx);
-    else opk_walk_rows(start, stop, g, base, fn, ctx);
+    else opk_walk_rows(start, stop, g, base, fn, rows, ctx);
 }
 
 #endif /* OPKIT_KERNEL_H */

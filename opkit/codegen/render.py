@@ -198,7 +198,27 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str,
                  for ct in instances},
         "fields": {ct.tag: _attr_fields(kernel, spec, ct, quant) for ct in instances},
         "clip": clip,
+        "rows": _row_variants(kernel, instances, file_name, clip, quant),
     }
+
+
+def _row_variants(kernel: Kernel, instances, file_name: str, clip: bool, quant) -> Dict:
+    """For kernels of up to 3 inputs: one 2-D row loop per set of inputs that hold one value
+    per row (a per-pixel slope over NHWC channels), taking those as scalars."""
+    n_in = len(kernel.inputs)
+    if not 1 <= n_in <= 3 or len(kernel.outputs) > 4:
+        return {}
+    variants = {}
+    for mask in range(1, 1 << n_in):
+        scalars = [i for i in range(n_in) if mask >> i & 1]
+        body = {}
+        for ct in instances:
+            lines = body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
+            for i in scalars:
+                lines = [re.sub(rf"^(v\d+) = p{i}\[j\]$", rf"\1 = s{i}", line) for line in lines]
+            body[ct.tag] = lines
+        variants[mask] = {"scalars": scalars, "body": body}
+    return variants
 
 
 @functools.lru_cache(maxsize=1)
