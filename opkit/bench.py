@@ -33,8 +33,10 @@ def _torch():
         return None, None
 
 
-def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2) -> Dict[str, float]:
-    """Median seconds per call of each function, the functions interleaved round by round."""
+def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2,
+          rounds: Optional[Dict[str, List[float]]] = None) -> Dict[str, float]:
+    """Median seconds per call of each function, the functions interleaved round by round
+    (each round's times are appended to `rounds` when it is given)."""
     fns = {k: f for k, f in fns.items() if f is not None}
     for _ in range(warmup):
         for f in fns.values():
@@ -54,6 +56,8 @@ def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2) -> Dict[st
             for _ in range(n):
                 f()
             times[k].append((time.perf_counter() - t0) / n)
+    if rounds is not None:
+        rounds.update(times)
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
@@ -66,12 +70,18 @@ class Row:
     shape: Tuple[int, ...]
     bytes: int                        # memory traffic of one call: inputs read + outputs written
     seconds: Dict[str, float] = field(default_factory=dict)
+    rounds: Dict[str, List[float]] = field(default_factory=dict, repr=False)
 
     def gbps(self, who: str) -> Optional[float]:
         t = self.seconds.get(who)
         return self.bytes / t / 1e9 if t else None
 
     def ratio(self, slower: str, faster: str = "opkit") -> Optional[float]:
+        """How many times faster `faster` is: the median of the round-by-round ratios when the
+        rounds were kept (a drifting load on the machine cancels out), else of the medians."""
+        a, b = self.rounds.get(slower), self.rounds.get(faster)
+        if a and b and len(a) == len(b):
+            return float(np.median([x / y for x, y in zip(a, b)]))
         a, b = self.seconds.get(slower), self.seconds.get(faster)
         return a / b if a and b else None
 
@@ -263,11 +273,13 @@ def run_targets(repeat: int, rng) -> Tuple[List[Row], List[TargetResult]]:
     for name, build, shape, dtype, pass_, checks in TARGETS:
         built = build(rng)
         fns, nbytes = built[0], built[1]
-        seconds = timed(fns, repeat)
+        rounds: Dict[str, List[float]] = {}
+        seconds = timed(fns, repeat, rounds=rounds)
         if "copy" in seconds and len(built) > 2:
             # the copy moved built[2] bytes: the time it takes for this call's traffic
             seconds["copy"] *= nbytes / built[2]
-        row = Row(name, name.split()[0], pass_, dtype, shape, nbytes, seconds)
+            rounds["copy"] = [t * nbytes / built[2] for t in rounds["copy"]]
+        row = Row(name, name.split()[0], pass_, dtype, shape, nbytes, seconds, rounds)
         rows.append(row)
         for label, num, den, minimum in checks:
             results.append(TargetResult(name, label, row.ratio(num, den), minimum))
@@ -476,7 +488,7 @@ def main(args) -> int:
     path = args.json or f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     with open(path, "w") as fh:
         json.dump({"machine": info, "command": " ".join(sys.argv),
-                   "rows": [asdict(r) for r in rows],
+                   "rows": [{k: v for k, v in asdict(r).items() if k != "rounds"} for r in rows],
                    "targets": [dict(asdict(t), met=t.met) for t in results],
                    "build_seconds": builds}, fh, indent=1, default=str)
     print(f"\nwrote {path}")

@@ -123,7 +123,12 @@ def _run_einsum(ctx: Context, args, params):
     table = _letters(an, bn, out_dims)
     sub = f"{''.join(table[n] for n in an)},{''.join(table[n] for n in bn)}->" \
           f"{''.join(table[n] for n in out_dims)}"
-    out = np.einsum(sub, a, b, optimize=True)
+    # small products stay out of BLAS: its worker threads keep spinning after a call and would
+    # compete with the kernels that follow for the same cores
+    work = 1
+    for n, size in {**dict(zip(an, a.shape)), **dict(zip(bn, b.shape))}.items():
+        work *= size
+    out = np.einsum(sub, a, b, optimize=work > (1 << 22))
     if ctx.accumulate is not None:
         out = out.astype(ctx.accumulate, copy=False)
     return out, tuple(out_dims)
