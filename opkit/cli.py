@@ -8,7 +8,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import List, Optional
 
 from . import __version__
@@ -159,7 +158,6 @@ def _cache_root():
 
 
 def cmd_list(args) -> int:
-    import opkit
     rows = []
     for op in _select([]):
         s = op.spec

@@ -1,6 +1,7 @@
 """Shared fixtures. Kernels are compiled into one cache for the whole run: OPKIT_CACHE_DIR when
 the environment sets it (CI points it at a temporary folder), otherwise a fresh temporary folder.
 Tests that exercise the cache itself use folders of their own."""
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -32,3 +33,30 @@ def write_op(folder: Path, text: str, name: str = "op.yaml") -> Path:
     path = folder / name
     path.write_text(text)
     return path
+
+
+FLOATS = "{dtypes: [float32, float64]}"
+
+
+def declaration(forward, inputs=("x",), attrs=None, outputs=None, name="t"):
+    """YAML text of an operator.
+
+    forward: {name: expression} (or "expression" for a single output y); inputs: names (float32
+    and float64, layout-agnostic) or (name, flow mapping) pairs; attrs: {name: flow mapping};
+    outputs: names (default: the last forward line)."""
+    if isinstance(forward, str):
+        forward = {"y": forward}
+    lines = [f"name: {name}", "inputs:"]
+    for i in inputs:
+        iname, body = (i, FLOATS) if isinstance(i, str) else i
+        lines.append(f"  {iname}: {body}")
+    if attrs:
+        lines.append("attrs:")
+        lines += [f"  {k}: {v}" for k, v in attrs.items()]
+    lines.append("outputs:")
+    for o in outputs or [list(forward)[-1]]:
+        lines.append(f"  {o}: {{}}")
+    lines.append("forward:")
+    # double-quoted YAML scalars: expressions may contain YAML indicators (|, &, ~, :)
+    lines += [f"  {k}: {json.dumps(v)}" for k, v in forward.items()]
+    return "\n".join(lines) + "\n"

@@ -3,7 +3,6 @@
 Everything here works on specs and graphs and evaluates them with the NumPy reference
 (opkit.validate.reference.evaluate, float64); nothing is compiled.
 """
-import json
 import math
 import subprocess
 import sys
@@ -18,34 +17,14 @@ from opkit.runtime.bind import bind
 from opkit.spec import parse_spec
 from opkit.validate.reference import evaluate, shaped
 
+from conftest import declaration
+
 REPO = Path(__file__).resolve().parent.parent
-FLOATS = "{dtypes: [float32, float64]}"
 
 
 # ------------------------------------------------------------------------------------ helpers
 
-def decl(forward, inputs=("x",), attrs=None, outputs=None, name="t"):
-    """YAML text of an operator.
-
-    forward: {name: expression} (or "expression" for a single output y); inputs: names (float32
-    and float64, layout-agnostic) or (name, flow mapping) pairs; attrs: {name: flow mapping};
-    outputs: names (default: the last forward line)."""
-    if isinstance(forward, str):
-        forward = {"y": forward}
-    lines = [f"name: {name}", "inputs:"]
-    for i in inputs:
-        iname, body = (i, FLOATS) if isinstance(i, str) else i
-        lines.append(f"  {iname}: {body}")
-    if attrs:
-        lines.append("attrs:")
-        lines += [f"  {k}: {v}" for k, v in attrs.items()]
-    lines.append("outputs:")
-    for o in outputs or [list(forward)[-1]]:
-        lines.append(f"  {o}: {{}}")
-    lines.append("forward:")
-    # double-quoted YAML scalars: expressions may contain YAML indicators (|, &, ~, :)
-    lines += [f"  {k}: {json.dumps(v)}" for k, v in forward.items()]
-    return "\n".join(lines) + "\n"
+decl = declaration  # YAML text of a small operator (conftest.py)
 
 
 def graphs_of(forward, **kw):

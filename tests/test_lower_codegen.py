@@ -2,7 +2,6 @@
 
 Nothing here compiles: the tests look at kernel plans and at the generated text.
 """
-import json
 import re
 import subprocess
 import sys
@@ -17,29 +16,14 @@ from opkit.lower import Kernel, LibCall, cost, listing, lower
 from opkit.spec import load_spec, parse_spec
 from opkit.target import current
 
+from conftest import declaration
+
 REPO = Path(__file__).resolve().parent.parent
 LEAKY = REPO / "operators" / "leaky_relu.yaml"
-FLOATS = "{dtypes: [float32, float64]}"
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
-def decl(forward, inputs=("x",), attrs=None, outputs=None, name="t"):
-    """YAML text of an operator (see tests/test_dsl.py)."""
-    if isinstance(forward, str):
-        forward = {"y": forward}
-    lines = [f"name: {name}", "inputs:"]
-    for i in inputs:
-        iname, body = (i, FLOATS) if isinstance(i, str) else i
-        lines.append(f"  {iname}: {body}")
-    if attrs:
-        lines.append("attrs:")
-        lines += [f"  {k}: {v}" for k, v in attrs.items()]
-    lines.append("outputs:")
-    for o in outputs or [list(forward)[-1]]:
-        lines.append(f"  {o}: {{}}")
-    lines.append("forward:")
-    lines += [f"  {k}: {json.dumps(v)}" for k, v in forward.items()]
-    return "\n".join(lines) + "\n"
+decl = declaration  # YAML text of a small operator (conftest.py)
 
 
 def pipeline(text, file="t.yaml", isa=""):

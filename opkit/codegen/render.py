@@ -11,7 +11,6 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List
 
 import jinja2

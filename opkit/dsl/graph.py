@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 from ..errors import SpecError
 from ..spec.model import LAYOUT_DIMS, OpSpec

@@ -7,7 +7,7 @@ by the reference in float64), a dims rule and a derivative rule next to it. Argu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 

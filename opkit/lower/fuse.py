@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Dict, List, Set, Tuple
 
 from ..dsl.graph import Graph
-from ..dsl.ir import Node, topo_order
+from ..dsl.ir import Node
 from ..dsl.library import LIBRARY
 from ..dsl.primitives import PRIMITIVES
 from ..errors import SpecError

@@ -62,7 +62,7 @@ def check_integer(spec: OpSpec, plan: Plan) -> None:
                 if arg.startswith("@"):
                     a = spec.attr(arg[1:])
                     if a.type == "float":
-                        hint = (f"; declare it `quantize: 7` to use it as a fixed-point multiplier"
+                        hint = ("; declare it `quantize: 7` to use it as a fixed-point multiplier"
                                 if a.quantize is None else
                                 "; a quantized attr can only multiply a value")
                         raise SpecError(f"forward: {dtypes} declared, but the float attr {a.name} is "

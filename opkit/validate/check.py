@@ -14,7 +14,7 @@ import numpy as np
 from ..dsl.graph import OpGraphs
 from ..errors import SpecError
 from ..spec.model import FLOAT_DTYPES, INT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
-from ..runtime.bind import bind, input_names
+from ..runtime.bind import bind
 from .reference import evaluate, shaped
 
 TOLERANCE = {"float16": (1e-3, 1e-3), "float32": (1e-4, 1e-4), "float64": (1e-10, 1e-10)}
