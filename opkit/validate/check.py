@@ -116,6 +116,9 @@ class Report:
                 ulps[dt] = max(ulps.get(dt, 0), c.max_ulp)
         grad = [c for c in self.checks if c.what.startswith("gradcheck")]
         parts = [f"{dt.replace('float', 'f')} {u} ulp" for dt, u in ulps.items()]
+        if not ulps:
+            worst = max((c.worst for c in self.checks if c.what.startswith("forward")), default=0)
+            parts.append(f"within {worst:.2g} of the allowed error")
         if grad:
             parts.append(f"grad rel err {max(g.max_abs for g in grad):.1e}")
         return "pass (" + ", ".join(parts) + ")"
@@ -273,6 +276,12 @@ def validate_op(op, dtypes: Optional[List[str]] = None, seed: int = 0) -> Report
     attrs = default_attrs(spec)
     report = Report(spec.name)
     wanted = dtypes or list(spec.dtypes)
+    # units in the last place measure elementwise results; after an FFT or a matmul the round-off
+    # scales with the whole signal, and only the absolute/relative standard applies
+    elementwise = all(not hasattr(step, "prim") for step in op.lowered().forward.steps)
+    if not elementwise:
+        report.notes.append("no ULP distances: the forward pass has library steps (fft, matmul, "
+                            "sums) whose round-off scales with the whole signal")
     for dtype in [d for d in wanted if d in FLOAT_DTYPES]:
         fwd, bwd = Comparison(), Comparison()
         nb = 0
@@ -300,7 +309,10 @@ def validate_op(op, dtypes: Optional[List[str]] = None, seed: int = 0) -> Report
                 arr, names = bbound.values[f"in:{name}"]
                 bwd.add(g, shaped(gref[name], names, arr.shape), dtype, f"{case.label} d{name}")
             nb += 1
-        report.checks.append(_check(f"forward {dtype}", len(cases), fwd))
+        check = _check(f"forward {dtype}", len(cases), fwd)
+        if not elementwise:
+            check.max_ulp = None
+        report.checks.append(check)
         if graphs.differentiable:
             report.checks.append(_check(f"backward {dtype}", nb, bwd))
     for dtype in [d for d in wanted if d in INT_DTYPES]:
