@@ -85,7 +85,7 @@ def _targets(paths: List[str]) -> List[str]:
 
 def _validated(op, result, revalidate: bool):
     """The validation report of a build, from the cache entry when it is there."""
-    from .build.cache import write_json_atomic
+    from .builder.cache import write_json_atomic
     from .validate import validate_op
     path = result.entry / "validation.json"
     if not revalidate and path.is_file():
@@ -153,7 +153,7 @@ def cmd_build(args) -> int:
 
 
 def _cache_root():
-    from .build import cache_root
+    from .builder import cache_root
     return cache_root()
 
 
@@ -248,7 +248,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_clean(args) -> int:
-    from .build import clean
+    from .builder import clean
     n = clean(stale_only=args.stale)
     print(f"removed {n} cache entr{'y' if n == 1 else 'ies'} from {_cache_root()}")
     return 0

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import opkit
-from opkit.build import build, clean, toolchain
+from opkit.builder import build, clean, toolchain
 from opkit.errors import BuildError
 from opkit.registry import make_op
 
@@ -70,7 +70,7 @@ def test_key_follows_what_changes_the_module(own_cache, tmp_path, monkeypatch):
     flagged = make_op(write_op(tmp_path / "d", TWICE)).build(isa="portable")
     assert flagged.key != base.key and not flagged.cached
     monkeypatch.delenv("OPKIT_CFLAGS")
-    import opkit.build.compile as compile_mod
+    import opkit.builder.compile as compile_mod
     monkeypatch.setattr(compile_mod, "template_digest", lambda: "0" * 64)
     assert make_op(write_op(tmp_path / "e", TWICE)).build(isa="portable").key != base.key
 
@@ -140,7 +140,7 @@ def test_interrupted_build_leaves_no_entry_and_reruns(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert rerun.stdout.split() == ["compiled", "20.0"]
     assert len(entries(cache)) == 1
-    from opkit.build import cache as cache_mod
+    from opkit.builder import cache as cache_mod
     os.environ["OPKIT_CACHE_DIR"], saved = str(cache), os.environ["OPKIT_CACHE_DIR"]
     try:
         assert clean(stale_only=True) >= 1

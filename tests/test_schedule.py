@@ -6,7 +6,7 @@ import re
 import pytest
 
 import opkit
-from opkit.build import toolchain
+from opkit.builder import toolchain
 
 from conftest import EXAMPLES
 

@@ -6,7 +6,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from ..build import BuildResult, build, toolchain
+from ..builder import BuildResult, build, toolchain
 from ..config import get as setting
 from ..config import call_state
 from ..spec.model import INT_DTYPES

@@ -1,4 +1,4 @@
-"""Stage 5: Cython source → compiled module in the content-hashed cache."""
+"""Stage 5: Cython source → compiled module in the content-hashed cache (the build stage)."""
 from .cache import cache_root, clean, load_module
 from .compile import BuildResult, build, key_for
 from .toolchain import Toolchain, toolchain
