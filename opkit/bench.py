@@ -88,7 +88,7 @@ class Row:
 
 # ------------------------------------------------------------------------------- the cases
 
-def _leaky_case(shape, dtype, rng, out: bool, alloc_torch=True):
+def _leaky_case(shape, dtype, rng, out: bool):
     import opkit
     op = opkit.get("leaky_relu")
     torch, F = _torch()
@@ -219,13 +219,6 @@ def _small_case(shape, dtype, rng):
         tx = torch.from_numpy(x)
         fns["torch"] = lambda: F.leaky_relu(tx, 0.2)
     return fns, 2 * x.nbytes
-
-
-def _freq_case(shape, dtype, rng):
-    import opkit
-    op = opkit.get("freq_leaky_relu")
-    x = rng.standard_normal(shape).astype(dtype)
-    return {"opkit": lambda: op(x), "copy": lambda: x.copy()}, 2 * x.nbytes
 
 
 M16 = 16 << 20

@@ -90,12 +90,12 @@ def _validated(op, result, revalidate: bool):
     path = result.entry / "validation.json"
     if not revalidate and path.is_file():
         try:
-            return json.loads(path.read_text()), True
+            return json.loads(path.read_text())
         except ValueError:
             pass
     report = validate_op(op).to_dict()
     write_json_atomic(path, report)
-    return report, False
+    return report
 
 
 def cmd_build(args) -> int:
@@ -113,10 +113,10 @@ def cmd_build(args) -> int:
         progress.stage(op.name, "generating + compiling")
         result = op.build(force=args.force)
         op.module()
-        validation, cached_report = None, False
+        validation = None
         if not args.no_validate:
             progress.stage(op.name, "validating")
-            validation, cached_report = _validated(op, result, args.force or args.revalidate)
+            validation = _validated(op, result, args.force or args.revalidate)
         status = "cached" if result.cached else f"compiled in {result.seconds:.1f}s"
         progress.finish(op.name, status)
         return op, result, validation, time.perf_counter() - start

@@ -69,11 +69,6 @@ _global: Dict[str, Any] = {}
 _context: contextvars.ContextVar = contextvars.ContextVar("opkit_config", default={})
 
 
-def register_setting(name: str, default, check) -> None:
-    """Add a setting (used by features that bring their own configuration)."""
-    _SETTINGS[name] = (default, check)
-
-
 def _validate(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     out = {}
     for key, value in kwargs.items():

@@ -31,7 +31,3 @@ class SpecError(ValueError):
 
 class BuildError(RuntimeError):
     """Generating or compiling a kernel module failed; the message shows where and why."""
-
-
-class ValidationError(AssertionError):
-    """A compiled kernel disagrees with the NumPy reference beyond the precision standard."""

@@ -117,14 +117,18 @@ def _env(tmp_path, cache, cc):
     return env
 
 
-def test_interrupted_build_leaves_no_entry_and_reruns(tmp_path):
+def _start_build(op_file: Path, env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _build_script(op_file)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_interrupted_build_leaves_no_entry_and_reruns(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cc = _slow_cc(tmp_path)
     op_file = write_op(tmp_path / "ops", TWICE)
     env = _env(tmp_path, cache, cc)
     (tmp_path / "stall").touch()
-    proc = subprocess.Popen([sys.executable, "-c", _build_script(op_file)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _start_build(op_file, env)
     deadline = time.time() + 120
     while not (tmp_path / "cc.log").exists():
         assert proc.poll() is None, proc.communicate()
@@ -140,14 +144,9 @@ def test_interrupted_build_leaves_no_entry_and_reruns(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert rerun.stdout.split() == ["compiled", "20.0"]
     assert len(entries(cache)) == 1
-    from opkit.builder import cache as cache_mod
-    os.environ["OPKIT_CACHE_DIR"], saved = str(cache), os.environ["OPKIT_CACHE_DIR"]
-    try:
-        assert clean(stale_only=True) >= 1
-    finally:
-        os.environ["OPKIT_CACHE_DIR"] = saved
+    monkeypatch.setenv("OPKIT_CACHE_DIR", str(cache))
+    assert clean(stale_only=True) >= 1
     assert leftovers(cache) == [] and len(entries(cache)) == 1
-    assert cache_mod  # the module is importable on its own
 
 
 def test_two_processes_building_at_once_both_work_one_compiles(tmp_path):
@@ -156,9 +155,7 @@ def test_two_processes_building_at_once_both_work_one_compiles(tmp_path):
     op_file = write_op(tmp_path / "ops", TWICE)
     env = _env(tmp_path, cache, cc)
     (tmp_path / "stall").touch()
-    procs = [subprocess.Popen([sys.executable, "-c", _build_script(op_file)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [_start_build(op_file, env) for _ in range(2)]
     time.sleep(3.0)  # both are past toolchain setup: one compiles, the other waits on the lock
     (tmp_path / "stall").unlink()
     outs = [p.communicate(timeout=300) for p in procs]

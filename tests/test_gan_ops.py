@@ -116,72 +116,10 @@ def _at(index, axis, ndim):
     return tuple(sel)
 
 
-def dft_up(x: np.ndarray, axis: int, up: int) -> np.ndarray:
+def _pad(x: np.ndarray, axis: int, up: int, nyquist: float) -> np.ndarray:
     """Length N -> M = up * N: the DFT coefficients copied into a zero spectrum of length M
     (indices 0 .. ceil(N/2)-1 at the start, the negative frequencies at the end; an even N's
-    Nyquist coefficient X[N/2] split in half between N/2 and M - N/2), inverse DFT, times up."""
-    n = x.shape[axis]
-    m = up * n
-    X = np.fft.fft(x, axis=axis)
-    shape = list(x.shape)
-    shape[axis] = m
-    Z = np.zeros(shape, complex)
-    pos, neg = (n + 1) // 2, (n - 1) // 2
-    Z[_at(slice(0, pos), axis, x.ndim)] = X[_at(slice(0, pos), axis, x.ndim)]
-    if neg:
-        Z[_at(slice(m - neg, m), axis, x.ndim)] = X[_at(slice(n - neg, n), axis, x.ndim)]
-    if n % 2 == 0:
-        half = X[_at(n // 2, axis, x.ndim)] / 2
-        Z[_at(n // 2, axis, x.ndim)] += half
-        Z[_at(m - n // 2, axis, x.ndim)] += half
-    return np.fft.ifft(Z, axis=axis).real * up
-
-
-def dft_down(y: np.ndarray, axis: int, up: int) -> np.ndarray:
-    """Length M -> N = M / up: the same coefficients taken back (an even N's two Nyquist halves at
-    N/2 and M - N/2 summed), inverse DFT of length N, divided by up."""
-    if up == 1:
-        return f64(y).copy()
-    m = y.shape[axis]
-    n = m // up
-    Y = np.fft.fft(y, axis=axis)
-    shape = list(y.shape)
-    shape[axis] = n
-    X = np.zeros(shape, complex)
-    pos, neg = (n + 1) // 2, (n - 1) // 2
-    X[_at(slice(0, pos), axis, y.ndim)] = Y[_at(slice(0, pos), axis, y.ndim)]
-    if neg:
-        X[_at(slice(n - neg, n), axis, y.ndim)] = Y[_at(slice(m - neg, m), axis, y.ndim)]
-    if n % 2 == 0:
-        X[_at(n // 2, axis, y.ndim)] = Y[_at(n // 2, axis, y.ndim)] + Y[_at(m - n // 2, axis, y.ndim)]
-    return np.fft.ifft(X, axis=axis).real / up
-
-
-def dft_up_adjoint(y: np.ndarray, axis: int, up: int) -> np.ndarray:
-    """The transpose of dft_up. With F the DFT matrix, up(x) = up * F_M^-1 P F_N x, so
-    up^T(y) = up * F_N^H P^T F_M^-H y = ifft_N(P^T fft_M(y)) * (up * N / M): P^T takes the kept
-    coefficients back and averages the Nyquist pair (P wrote half of X[N/2] into each)."""
-    if up == 1:
-        return f64(y).copy()
-    m = y.shape[axis]
-    n = m // up
-    Y = np.fft.fft(y, axis=axis)
-    shape = list(y.shape)
-    shape[axis] = n
-    X = np.zeros(shape, complex)
-    pos, neg = (n + 1) // 2, (n - 1) // 2
-    X[_at(slice(0, pos), axis, y.ndim)] = Y[_at(slice(0, pos), axis, y.ndim)]
-    if neg:
-        X[_at(slice(n - neg, n), axis, y.ndim)] = Y[_at(slice(m - neg, m), axis, y.ndim)]
-    if n % 2 == 0:
-        X[_at(n // 2, axis, y.ndim)] = (Y[_at(n // 2, axis, y.ndim)] + Y[_at(m - n // 2, axis, y.ndim)]) / 2
-    return np.fft.ifft(X, axis=axis).real * (up * n / m)
-
-
-def dft_down_adjoint(x: np.ndarray, axis: int, up: int) -> np.ndarray:
-    """The transpose of dft_down: down(y) = F_N^-1 Q F_M y / up, so
-    down^T(x) = ifft_M(Q^T fft_N(x)) * (M / (up * N)); Q^T copies X[N/2] (whole) to both N/2 and
-    M - N/2 (Q summed the two)."""
+    Nyquist coefficient X[N/2], times `nyquist`, put at both N/2 and M - N/2), inverse DFT."""
     if up == 1:
         return f64(x).copy()
     n = x.shape[axis]
@@ -195,9 +133,54 @@ def dft_down_adjoint(x: np.ndarray, axis: int, up: int) -> np.ndarray:
     if neg:
         Z[_at(slice(m - neg, m), axis, x.ndim)] = X[_at(slice(n - neg, n), axis, x.ndim)]
     if n % 2 == 0:
-        Z[_at(n // 2, axis, x.ndim)] = X[_at(n // 2, axis, x.ndim)]
-        Z[_at(m - n // 2, axis, x.ndim)] = X[_at(n // 2, axis, x.ndim)]
-    return np.fft.ifft(Z, axis=axis).real * (m / (up * n))
+        Z[_at(n // 2, axis, x.ndim)] = X[_at(n // 2, axis, x.ndim)] * nyquist
+        Z[_at(m - n // 2, axis, x.ndim)] = X[_at(n // 2, axis, x.ndim)] * nyquist
+    return np.fft.ifft(Z, axis=axis).real
+
+
+def _crop(y: np.ndarray, axis: int, up: int, nyquist: float) -> np.ndarray:
+    """Length M -> N = M / up: the same coefficients taken back (an even N's Nyquist coefficient
+    is `nyquist` times the sum of the two at N/2 and M - N/2), inverse DFT of length N."""
+    if up == 1:
+        return f64(y).copy()
+    m = y.shape[axis]
+    n = m // up
+    Y = np.fft.fft(y, axis=axis)
+    shape = list(y.shape)
+    shape[axis] = n
+    X = np.zeros(shape, complex)
+    pos, neg = (n + 1) // 2, (n - 1) // 2
+    X[_at(slice(0, pos), axis, y.ndim)] = Y[_at(slice(0, pos), axis, y.ndim)]
+    if neg:
+        X[_at(slice(n - neg, n), axis, y.ndim)] = Y[_at(slice(m - neg, m), axis, y.ndim)]
+    if n % 2 == 0:
+        X[_at(n // 2, axis, y.ndim)] = (Y[_at(n // 2, axis, y.ndim)] + Y[_at(m - n // 2, axis, y.ndim)]) * nyquist
+    return np.fft.ifft(X, axis=axis).real
+
+
+def dft_up(x: np.ndarray, axis: int, up: int) -> np.ndarray:
+    """Upsampling as the issue defines it: the Nyquist coefficient split in half, times up."""
+    return _pad(x, axis, up, 0.5) * up
+
+
+def dft_down(y: np.ndarray, axis: int, up: int) -> np.ndarray:
+    """Downsampling as the issue defines it: the two Nyquist halves summed, divided by up."""
+    return _crop(y, axis, up, 1.0) / up
+
+
+def dft_up_adjoint(y: np.ndarray, axis: int, up: int) -> np.ndarray:
+    """The transpose of dft_up. With F the DFT matrix, up(x) = up * F_M^-1 P F_N x, so
+    up^T(y) = up * F_N^H P^T F_M^-H y = ifft_N(P^T fft_M(y)) * (up * N / M) = ifft_N(P^T fft_M(y)):
+    P^T takes the kept coefficients back and averages the Nyquist pair (P wrote half of X[N/2]
+    into each)."""
+    return _crop(y, axis, up, 0.5)
+
+
+def dft_down_adjoint(x: np.ndarray, axis: int, up: int) -> np.ndarray:
+    """The transpose of dft_down: down(y) = F_N^-1 Q F_M y / up, so
+    down^T(x) = ifft_M(Q^T fft_N(x)) * (M / (up * N)) = ifft_M(Q^T fft_N(x)); Q^T copies X[N/2]
+    (whole) to both N/2 and M - N/2 (Q summed the two)."""
+    return _pad(x, axis, up, 1.0)
 
 
 def freq_upsampled(x, up, layout):

@@ -118,8 +118,7 @@ def _letters(*name_lists):
 
 def _run_einsum(ctx: Context, args, params):
     (a, an), (b, bn) = args
-    a_dims, b_dims, out_dims = params
-    # the declared dims name the contraction; the arrays' own axis names place them
+    out_dims = params[2]  # the declared dims name the contraction; the arrays' own names place them
     table = _letters(an, bn, out_dims)
     sub = f"{''.join(table[n] for n in an)},{''.join(table[n] for n in bn)}->" \
           f"{''.join(table[n] for n in out_dims)}"

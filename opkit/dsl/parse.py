@@ -66,8 +66,8 @@ class Source:
 
 
 class _Parser:
-    def __init__(self, src: Source, names: Dict[str, Node], kind_hint: Dict[str, str]):
-        self.src, self.names, self.kind_hint = src, names, kind_hint
+    def __init__(self, src: Source, names: Dict[str, Node]):
+        self.src, self.names = src, names
 
     def expr(self, node: ast.AST) -> Node:
         method = getattr(self, "_" + type(node).__name__, None)
@@ -253,4 +253,4 @@ def parse_expr(src: Source, names: Dict[str, Node]) -> Node:
         fake = ast.Constant(0)
         fake.lineno, fake.col_offset = 1, max((exc.offset or 1) - 1, 0)
         raise src.error(f"syntax error: {exc.msg}", fake) from None
-    return _Parser(src, names, {}).expr(tree.body)
+    return _Parser(src, names).expr(tree.body)

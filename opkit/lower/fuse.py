@@ -232,6 +232,7 @@ def _kernel(name: str, roots: List[Node], outputs: List[str], holder: Dict[int, 
                 locs.append(n.loc)
     if len(inputs) + len(outputs) > MAX_OPERANDS:
         raise SpecError(f"a fused kernel would read and write {len(inputs) + len(outputs)} arrays; "
-                        f"at most {MAX_OPERANDS} are supported, split the operator")
+                        f"at most {MAX_OPERANDS} are supported: split the operator",
+                        next((r.loc for r in roots if r.loc is not None), None))
     return Kernel(name, tuple(inputs), tuple(outputs), tuple(attrs), tuple(body),
                   tuple(ssa[id(r)] for r in roots), schedule, tuple(sorted(locs, key=lambda l: l.line)))

@@ -144,7 +144,7 @@ class Op:
                     raise ValueError(f"{where}: the out arrays overlap in memory")
         return result
 
-    def _resolve_overlap(self, bound: Bound, outs: Dict[str, np.ndarray], plan) -> None:
+    def _resolve_overlap(self, bound: Bound, outs: Dict[str, np.ndarray]) -> None:
         """An input sharing memory with an out array is copied first, unless it is exactly the
         same array and the declaration lets that output overwrite it (schedule.inplace)."""
         inplace = {(f"out:{o}", f"in:{i}") for o, i in self.spec.schedule.inplace}
@@ -206,7 +206,7 @@ class Op:
         unaligned = {vid: a for vid, a in outs.items() if not a.flags.aligned}
         for vid in unaligned:
             outs[vid] = np.empty_like(unaligned[vid])
-        self._resolve_overlap(bound, outs, self._fwd.plan)
+        self._resolve_overlap(bound, outs)
         like = self._like(bound)
         dtypes = {vid: bound.dtype for vid in like}
         results = self._fwd.run(bound, self.module(), outs, dtypes, like)

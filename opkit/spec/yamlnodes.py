@@ -60,7 +60,7 @@ class YNode:
         return self.value
 
 
-def _loc(node: yaml.Node, file: str) -> Loc:  # noqa: D401
+def _loc(node: yaml.Node, file: str) -> Loc:
     return Loc(file, node.start_mark.line + 1, node.start_mark.column + 1)
 
 
