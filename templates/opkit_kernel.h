@@ -46,6 +46,24 @@ static inline int64_t opk_qmul_l(int64_t x, int64_t m, int bits)
     return (x * m + ((int64_t)1 << (bits - 1))) >> bits;
 }
 
+/* ---------------------------------------------------------------- attrs rounded to float */
+
+/* A finite double rounds to float infinity from FLT_MAX + half an ulp (2^103) up (the tie goes
+ * to the even neighbour, which is infinity); a nonzero one rounds to zero at or below half the
+ * smallest subnormal, 2^-150. Written as comparisons, so no out-of-range conversion happens;
+ * the runtime's check (opkit/runtime/scalars.py) uses the same bounds. */
+static inline int opk_overflows_f(double v)
+{
+    double a = v < 0 ? -v : v;
+    return a >= 0x1.ffffffp+127 && a <= 0x1.fffffffffffffp+1023;
+}
+
+static inline int opk_vanishes_f(double v)
+{
+    double a = v < 0 ? -v : v;
+    return a > 0 && a <= 0x1p-150;
+}
+
 /* ---------------------------------------------------------------- float16, portable and exact */
 
 static inline float opk_h2f_soft(uint16_t h)

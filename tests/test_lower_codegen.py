@@ -280,7 +280,7 @@ def test_functions_follow_the_dtypes(dtypes, defs):
                                           inputs=(("x", f"{{dtypes: {dtypes}}}"),))
     src = source(spec, graphs, lowered, target)
     assert re.findall(r"^def (\w+)\(", src, re.M) == defs + ["fast_forward"]
-    assert re.findall(r"^cdef void _fast_(\w)\(", src, re.M) == [d[-1] for d in defs[:1]]
+    assert re.findall(r"^cdef bint _fast_(\w)\(", src, re.M) == [d[-1] for d in defs[:1]]
 
 
 def test_no_direct_call_when_the_forward_pass_is_not_one_plain_kernel():

@@ -87,10 +87,18 @@ def _operand(arg: str, ct: ComputeType) -> str:
     return arg
 
 
+def _hoisted(kernel: Kernel, ct: ComputeType):
+    """The prologue a float instance computes once per call (none for integer instances)."""
+    return () if ct.integer else kernel.prologue
+
+
 def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = False,
                quant: Dict[str, int] = None) -> List[str]:
     lines = []
+    hoisted = set(_hoisted(kernel, ct))
     for ins in kernel.body:
+        if ins in hoisted:
+            continue
         if ins.op == "load":
             lines.append(f"{ins.dst} = p{ins.args[0]}[j]")
             continue
@@ -120,6 +128,53 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
     return lines
 
 
+_DOUBLE = COMPUTE["float64"]
+
+
+def _prologue_operand(arg: str) -> str:
+    if arg.startswith("@"):
+        return "attr_" + arg[1:]
+    if arg.startswith("#"):
+        return _operand(arg, _DOUBLE)
+    return "sv_" + arg
+
+
+def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str, int]) -> Dict:
+    """The kernel context's initialization from the call's attrs: attr fields rounded to the
+    compute type, prologue steps computed in double first, and the values whose rounding to
+    float would overflow (or, for a nonzero attr, vanish): the runtime refuses those calls
+    (runtime/scalars.py applies the same rule before anything runs)."""
+    hoisted = _hoisted(kernel, ct)
+    crossing = kernel.prologue_results if hoisted else ()
+    lines, stores, temps, checks = [], [], [], []
+    for ins in hoisted:
+        args = [_prologue_operand(a) for a in ins.args]
+        d = "sv_" + ins.dst
+        temps.append(("bint" if ins.kind == "bool" else "double", d))
+        form = PRIMITIVES[ins.op].cython
+        if "{d}" in form:
+            temps.append(("double", d + "_t"))
+            lines += [st.format(*args, f="", d=d, t=d + "_t") for st in form.split("\n")]
+        else:
+            lines.append(f"{d} = {form.format(*args, f='')}")
+        if ins.dst not in crossing:
+            continue
+        cast = "" if ins.kind == "bool" else f"<{ct.type}>"
+        stores.append(f"ctx.s_{ins.dst} = {cast}{d}")
+        if ct.tag == "f" and ins.kind == "float":
+            checks.append(f"opk_overflows_f({d})")
+    if ct.tag == "f":
+        checks = [f"opk_overflows_f(attr_{a}) or opk_vanishes_f(attr_{a})"
+                  for a in kernel.loop_attrs if spec.attr(a).type == "float"] + checks
+    # checked before any rounding, so no conversion is ever out of range
+    stores = [f"ctx.a_{name} = {init}" for _, name, init in _loop_fields(kernel, spec, ct, quant)]\
+        + stores
+    return {"temps": temps, "lines": lines, "checks": checks, "stores": stores,
+            "fields": [("bint" if i.kind == "bool" else ct.type, "s_" + i.dst) for i in hoisted
+                       if i.dst in crossing],
+            "loads": [f"{d} = ctx.s_{d}" for d in crossing]}
+
+
 def _schedule_text(kernel: Kernel) -> str:
     s = kernel.schedule
     threads = f"up to {s.max_threads}" if s.max_threads else "all"
@@ -135,9 +190,12 @@ def loop_text(kernel: Kernel, instances: List[ComputeType], features) -> str:
         return (f"scalar (calls {', '.join(calls)}: libm functions the C compiler does not "
                 "vectorize without -ffast-math)")
     text = f"vectorized, {kernel.schedule.vector_bytes}-byte vectors"
-    if any(ct.tag == "l" for ct in instances) and "avx512dq" not in features and \
+    # GCC multiplies 64-bit lanes with AVX-512DQ, or emulates it from 32-bit multiplies with
+    # AVX2 / AVX-512F; the baseline SSE2 target keeps that loop scalar
+    if any(ct.tag == "l" for ct in instances) and \
+            not {"avx2", "avx512f", "avx512dq"} & set(features) and \
             any(i.op == "mul" for i in kernel.body):
-        text += "; int64 instance: scalar (a 64-bit vector multiply needs AVX-512DQ)"
+        text += "; int64 instance: scalar (a 64-bit vector multiply needs AVX2 or AVX-512)"
     return text
 
 
@@ -163,6 +221,13 @@ def _attr_fields(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
         else:
             fields.append((ct.type, name, f"<{ct.type}>attr_{name}"))
     return fields
+
+
+def _loop_fields(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str, int]):
+    """The attr fields of the context: those the element loop reads (float instances read
+    the others only through the prologue)."""
+    loop = kernel.loop_attrs if _hoisted(kernel, ct) else kernel.attrs
+    return [f for f in _attr_fields(kernel, spec, ct, quant) if f[1] in loop]
 
 
 def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str,
@@ -195,7 +260,8 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str,
         "bool_vars": bools,
         "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
                  for ct in instances},
-        "fields": {ct.tag: _attr_fields(kernel, spec, ct, quant) for ct in instances},
+        "fields": {ct.tag: _loop_fields(kernel, spec, ct, quant) for ct in instances},
+        "init": {ct.tag: init_context(kernel, spec, ct, quant) for ct in instances},
         "clip": clip,
         "rows": _row_variants(kernel, instances, file_name, clip, quant),
     }
@@ -260,11 +326,12 @@ def _attr_checks(a) -> List[str]:
             checks.append(f"{'>' if a.range.low_open else '>='} {_number(a.range.low)}")
         if a.range.high != float("inf") or a.range.high_open:
             checks.append(f"{'<' if a.range.high_open else '<='} {_number(a.range.high)}")
-    if a.type == "int":
-        checks.append("== <double><long long>x_" + a.name)  # a whole number
-    if a.quantize is not None:  # its fixed-point multiplier fits 16 bits (opkit.quantize)
-        checks.append(f"* {float(1 << a.quantize)!r} <= 32767.5")
-        checks.append(f"* {float(1 << a.quantize)!r} >= -32767.5")
+    if a.type == "float":
+        checks.append("== x_" + a.name)  # not NaN
+    if a.quantize is not None:  # its fixed-point multiplier fits 16 bits (opkit.quantize):
+        # |round(v * 2**bits)| <= 32767, with 32767.5 itself rounding (to even) past it
+        checks.append(f"* {float(1 << a.quantize)!r} < 32767.5")
+        checks.append(f"* {float(1 << a.quantize)!r} > -32767.5")
     return checks
 
 

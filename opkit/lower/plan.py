@@ -49,6 +49,33 @@ class Kernel:
         return self.inputs + self.outputs
 
     @property
+    def prologue(self) -> Tuple[Instr, ...]:
+        """The steps computed from attrs and constants alone: float kernels compute them once per
+        call in double precision before rounding to the compute type (1e20 * 1e20 / 1e30 fits
+        float32 only if the product is not rounded on the way)."""
+        scalar, out = set(), []
+        for ins in self.body:
+            if ins.op != "load" and all(a.startswith(("@", "#")) or a in scalar for a in ins.args):
+                scalar.add(ins.dst)
+                out.append(ins)
+        return tuple(out)
+
+    @property
+    def prologue_results(self) -> Tuple[str, ...]:
+        """The prologue values the element loop reads (the others are steps on the way)."""
+        hoisted = {i.dst for i in self.prologue}
+        used = [a for i in self.body if i.dst not in hoisted for a in i.args] + list(self.results)
+        return tuple(d for d in (i.dst for i in self.prologue) if d in used)
+
+    @property
+    def loop_attrs(self) -> Tuple[str, ...]:
+        """The attrs the element loop reads as they are (not only through the prologue)."""
+        hoisted = {i.dst for i in self.prologue}
+        used = {a[1:] for i in self.body if i.dst not in hoisted for a in i.args if a[:1] == "@"}
+        used |= {r[1:] for r in self.results if r[:1] == "@"}
+        return tuple(a for a in self.attrs if a in used)
+
+    @property
     def scalar_calls(self) -> Tuple[str, ...]:
         """The libm functions the body calls that keep its element loop scalar."""
         from ..dsl.primitives import PRIMITIVES

@@ -110,8 +110,17 @@ def check_attrs(spec: OpSpec, given: dict, where: str) -> Dict[str, object]:
 
 
 def as_array(value, name: str, allowed: Sequence[str], where: str) -> np.ndarray:
+    """The argument as a plain ndarray in native byte order, or a TypeError.
+
+    Subclasses (np.matrix, np.memmap ...) are read through a base-class view, so results are
+    plain arrays whatever came in; masked arrays are refused, because computing on their data
+    would silently drop the mask. Non-native byte order is converted (one copy): kernels read
+    native numbers only."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{where}: {name} is a masked array; opkit computes on plain arrays and "
+                        f"would ignore its mask: pass {name}.filled(value) or np.asarray({name})")
     if isinstance(value, np.ndarray):
-        arr = value
+        arr = value if type(value) is np.ndarray else value.view(np.ndarray)
     else:
         if value is None or isinstance(value, (str, bytes, dict)):
             raise TypeError(f"{where}: {name} must be an array of {_or_list(allowed)}, got "
@@ -124,6 +133,8 @@ def as_array(value, name: str, allowed: Sequence[str], where: str) -> np.ndarray
         raise TypeError(f"{where}: {name} must be an array of {_or_list(allowed)}, got dtype "
                         f"{arr.dtype.name}" + (f"; convert it with .astype(np.{allowed[-1]})"
                                                if arr.dtype.kind in "iubf" else ""))
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="), order="K")
     return arr
 
 

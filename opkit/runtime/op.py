@@ -19,6 +19,7 @@ from ..lower import Kernel, Lowered, lower
 from ..spec.model import OpSpec
 from .bind import Bound, bind, split_args
 from .execute import Executor
+from .scalars import check_scalars
 
 
 def _inplace_safe(plan, out_vid: str, in_vid: str) -> bool:
@@ -128,7 +129,7 @@ class Op:
             label = "out" if len(outputs) == 1 else f"out[{o.name}]"
             if not isinstance(arr, np.ndarray):
                 raise TypeError(f"{where}: {label} must be a NumPy array, got {type(arr).__name__}")
-            if arr.dtype != bound.dtype:
+            if dtype_name(arr.dtype) != dtype_name(bound.dtype):  # any byte order
                 raise TypeError(f"{where}: {label} must have dtype {bound.dtype.name} (the result's "
                                 f"dtype), got {arr.dtype.name}")  # (only on the error path)
             _, shape, _ = bound.outputs[o.name]
@@ -164,6 +165,19 @@ class Op:
         for vid, (arr, names) in list(bound.values.items()):
             if not arr.flags.aligned:
                 bound.values[vid] = (arr.copy(order="K"), names)
+
+    @staticmethod
+    def _stage_outs(outs: Dict[str, np.ndarray], dtype: np.dtype) -> Dict[str, np.ndarray]:
+        """Plain, aligned, native-order arrays for the kernels to write: subclasses (np.memmap
+        ...) are written through a base-class view; unaligned or byte-swapped outputs get a
+        buffer of their own, copied into them after the run."""
+        kernel_outs = {}
+        for vid, arr in outs.items():
+            base = arr if type(arr) is np.ndarray else arr.view(np.ndarray)
+            if not base.flags.aligned or not base.dtype.isnative:
+                base = np.empty_like(base, dtype=dtype)
+            kernel_outs[vid] = base
+        return kernel_outs
 
     def _like(self, bound: Bound) -> Dict[str, tuple]:
         like = {}
@@ -201,18 +215,18 @@ class Op:
     def _call(self, args, kwargs, out, layout, precision_mode):
         where = f"{self.name}()"
         bound = self._prepare(args, kwargs, layout, precision_mode, where)
-        outs = self._prepare_out(out, bound, where) if out is not None else {}
+        check_scalars(self.spec, self._fwd.plan, bound.attrs, bound.dtype, where)
+        given = self._prepare_out(out, bound, where) if out is not None else {}
         self._aligned(bound)
-        unaligned = {vid: a for vid, a in outs.items() if not a.flags.aligned}
-        for vid in unaligned:
-            outs[vid] = np.empty_like(unaligned[vid])
+        outs = self._stage_outs(given, bound.dtype)
         self._resolve_overlap(bound, outs)
         like = self._like(bound)
         dtypes = {vid: bound.dtype for vid in like}
         results = self._fwd.run(bound, self.module(), outs, dtypes, like)
-        for vid, arr in unaligned.items():
-            np.copyto(arr, outs[vid])
-            results[vid[4:]] = arr
+        for vid, arr in given.items():
+            if not np.may_share_memory(arr, outs[vid]):  # a buffer of its own (_stage_outs)
+                np.copyto(arr, outs[vid])
+            results[vid[4:]] = arr  # the caller's own object, whatever its type
         values = tuple(results[o.name] for o in self.spec.outputs)
         return values[0] if len(values) == 1 else values
 
@@ -248,6 +262,7 @@ class Op:
         if ints or dtype_name(bound.dtype) in INT_DTYPES:
             raise TypeError(f"{where}: integer calls have no gradient ({', '.join(ints) or 'dy'} "
                             "is an integer array); pass float arrays")
+        check_scalars(self.spec, self._bwd.plan, bound.attrs, bound.dtype, where)
         self._aligned(bound)
         like, dtypes = {}, {}
         for name in self.graphs.differentiable:

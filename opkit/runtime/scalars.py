@@ -1,0 +1,107 @@
+"""Attrs, and values computed from attrs alone, checked against the compute type before a call.
+
+Float kernels take their attrs rounded to the compute type, and compute what depends on attrs
+alone once per call in double precision before rounding it (the kernel's `init` in the
+generated module). In float32 such a value may not fit: `limit=1e300` becomes inf and
+`limit=1e-300` becomes 0, and `limit * tanh(x / limit)` then gives NaN. Those calls are refused
+here, before anything is written, with the attr named. The generated direct call applies the
+same bounds (templates/opkit_kernel.h: opk_overflows_f, opk_vanishes_f) and hands such calls to
+the checked path, which raises.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List
+
+import numpy as np
+
+from ..dsl.primitives import PRIMITIVES
+from ..lower import Plan, compute_dtype
+from ..spec.model import OpSpec
+from .bind import dtype_name
+
+# a finite double rounds to float32 infinity from here up, and a nonzero one to 0 from here down
+FLOAT32_OVERFLOW = float.fromhex("0x1.ffffffp+127")
+FLOAT32_VANISH = 2.0 ** -150
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "gt": ">", "ge": ">=", "lt": "<",
+            "le": "<=", "eq": "==", "ne": "!=", "and": "&", "or": "|"}
+
+
+def overflows(v: float) -> bool:
+    return math.isfinite(v) and abs(v) >= FLOAT32_OVERFLOW
+
+
+def vanishes(v: float) -> bool:
+    return v != 0 and abs(v) <= FLOAT32_VANISH
+
+
+def _operand(arg: str, values: Dict[str, float], attrs: Dict[str, object]) -> float:
+    if arg.startswith("@"):
+        return attrs[arg[1:]]
+    if arg.startswith("#"):
+        text = arg[1:]
+        return text == "True" if text in ("True", "False") else float(text)
+    return values[arg]
+
+
+def _text(arg: str, texts: Dict[str, str]) -> str:
+    if arg.startswith(("@", "#")):
+        return arg[1:]
+    return texts[arg]
+
+
+def _advice(dtype: str) -> str:
+    return f"float32, the compute type of {dtype} calls; pass float64 arrays"
+
+
+def check_scalars(spec: OpSpec, plan: Plan, attrs: Dict[str, object], dtype: np.dtype,
+                  where: str) -> None:
+    """ValueError when an attr or an attr-only value of `plan` does not fit float32 and the call
+    computes in float32 (float16 and float32 data)."""
+    name = dtype_name(dtype)
+    if compute_dtype(name) != "float32":
+        return
+    for kernel in plan.kernels:
+        for a in kernel.loop_attrs:
+            v = attrs[a]
+            if spec.attr(a).type != "float" or v is None:
+                continue
+            if overflows(v):
+                raise ValueError(f"{where}: {a}={v!r} does not fit {_advice(name)}, or a value of "
+                                 f"{a} within ±3.4e38")
+            if vanishes(v):
+                raise ValueError(f"{where}: {a}={v!r} rounds to 0 in {_advice(name)}, or a value "
+                                 f"of {a} of magnitude 1.4e-45 or more")
+        values: Dict[str, float] = {}
+        texts: Dict[str, str] = {}
+        crossing = kernel.prologue_results
+        for ins in kernel.prologue:
+            args = [_operand(a, values, attrs) for a in ins.args]
+            with np.errstate(all="ignore"):
+                v = PRIMITIVES[ins.op].numpy(*[np.float64(x) if not isinstance(x, bool)
+                                                else np.bool_(x) for x in args])
+            values[ins.dst] = bool(v) if ins.kind == "bool" else float(v)
+            parts: List[str] = [_text(a, texts) for a in ins.args]
+            texts[ins.dst] = (f"({parts[0]} {_SYMBOLS[ins.op]} {parts[1]})" if ins.op in _SYMBOLS
+                              else f"-{parts[0]}" if ins.op == "neg"
+                              else f"{ins.op}({', '.join(parts)})")
+            if ins.kind == "float" and ins.dst in crossing and overflows(values[ins.dst]):
+                used = sorted({a[1:] for a in _attrs_of(ins.dst, kernel.prologue)})
+                given = ", ".join(f"{a}={attrs[a]!r}" for a in used)
+                line = f" ({ins.loc})" if ins.loc else ""
+                raise ValueError(f"{where}: {texts[ins.dst]}{line} is {values[ins.dst]:.6g} with "
+                                 f"{given}, which does not fit {_advice(name)}, or change "
+                                 f"{' or '.join(used)}")
+
+
+def _attrs_of(dst: str, prologue) -> List[str]:
+    """The attrs (as @name) a prologue value is computed from."""
+    by_dst = {i.dst: i for i in prologue}
+    found, stack = [], [dst]
+    while stack:
+        for a in by_dst[stack.pop()].args:
+            if a.startswith("@"):
+                found.append(a)
+            elif not a.startswith("#"):
+                stack.append(a)
+    return found

@@ -1,0 +1,392 @@
+"""Calls that used to give silent wrong results: byte order, alignment, array subclasses, attrs
+that do not fit the compute type; and the direct call against the checked call on random input."""
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import opkit
+from conftest import write_op
+
+
+def leaky(x, alpha=0.2):
+    x = np.asarray(x, np.float64)
+    return np.where(x > 0, x, alpha * x)
+
+
+def swapped(arr):
+    """The same values stored in the other byte order."""
+    return arr.astype(arr.dtype.newbyteorder("S"))
+
+
+def unaligned(arr):
+    """The same values at an address that is not a multiple of the item size."""
+    buf = np.zeros(arr.nbytes + 1, np.uint8)
+    out = buf[1:].view(arr.dtype).reshape(arr.shape)
+    out[...] = arr
+    assert not out.flags.aligned or arr.itemsize == 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def lr():
+    return opkit.get("leaky_relu")
+
+
+X = np.array([[1.5, -2.0, 3.0, 0.0], [-0.25, 4.0, -8.0, 0.5]])
+
+
+# ------------------------------------------------------------------ byte order, alignment
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("view", ["contiguous", "transposed"])
+def test_non_native_byte_order_is_computed_right(lr, dtype, view):
+    x = swapped(X.astype(dtype))
+    assert not x.dtype.isnative
+    if view == "transposed":
+        x = x.T
+    y = lr(x)
+    assert y.dtype == np.dtype(dtype) and y.dtype.isnative
+    np.testing.assert_array_equal(y, leaky(x).astype(dtype))
+    dy = swapped(np.linspace(-1, 1, x.size).reshape(x.shape).astype(dtype))
+    dx, = lr.backward(dy, x)
+    want = np.where(np.asarray(x, np.float64) > 0, 1.0, 0.2) * np.asarray(dy, np.float64)
+    np.testing.assert_array_equal(dx, want.astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["int16", "int32"])
+def test_non_native_integers(lr, dtype):
+    x = np.array([100, -200, 3, -4096], dtype)
+    np.testing.assert_array_equal(lr(swapped(x)), lr(x))
+    assert lr(x)[1] == (-200 * 26 + 64) >> 7  # alpha = 26 / 128 in integer kernels
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_non_native_out(lr, dtype):
+    x = X.astype(dtype)
+    out = swapped(np.full_like(x, 7))
+    assert lr(x, out=out) is out
+    np.testing.assert_array_equal(out, leaky(x).astype(dtype))
+    same = swapped(x.copy())  # in place, through a byte-swapped array
+    assert lr(same, out=same) is same
+    np.testing.assert_array_equal(same, leaky(x).astype(dtype))
+
+
+def test_unaligned_inputs_and_outputs(lr):
+    x = X.astype(np.float32)
+    xu = unaligned(x)
+    np.testing.assert_array_equal(lr(xu), leaky(x).astype(np.float32))
+    out = unaligned(np.zeros_like(x))
+    assert lr(x, out=out) is out
+    np.testing.assert_array_equal(out, leaky(x).astype(np.float32))
+    dx, = lr.backward(unaligned(np.ones_like(x)), xu)
+    np.testing.assert_array_equal(dx, np.where(x > 0, 1, 0.2).astype(np.float32))
+
+
+# ------------------------------------------------------------------ subclasses
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix's own warning
+def test_matrix_and_memmap_inputs_give_plain_arrays(lr, tmp_path):
+    m = np.matrix(X, dtype=np.float32)
+    y = lr(m)
+    assert type(y) is np.ndarray
+    np.testing.assert_array_equal(y, leaky(X).astype(np.float32))
+    mm = np.memmap(tmp_path / "x.bin", dtype=np.float32, mode="w+", shape=X.shape)
+    mm[...] = X
+    assert type(lr(mm)) is np.ndarray
+    assert lr(mm, out=mm) is mm  # results written through to the file
+    mm.flush()
+    back = np.fromfile(tmp_path / "x.bin", dtype=np.float32).reshape(X.shape)
+    np.testing.assert_array_equal(back, leaky(X).astype(np.float32))
+
+
+def test_masked_arrays_are_refused(lr):
+    ma = np.ma.array(X, mask=X < 0, dtype=np.float32)
+    with pytest.raises(TypeError, match=r"x is a masked array.*filled"):
+        lr(ma)
+    with pytest.raises(TypeError, match=r"dy is a masked array"):
+        lr.backward(ma, X.astype(np.float32))
+
+
+# ------------------------------------------------------------------ attrs and float32
+
+SOFT_CLIP = """name: soft_clip_t
+inputs:
+  x: {dtypes: [float16, float32, float64]}
+attrs:
+  limit: {type: float, default: 3.0, range: "(0, inf]"}
+outputs:
+  y: {like: x}
+forward:
+  y: limit * tanh(x / limit)
+"""
+
+ATTR_PRODUCT = """name: attr_product_t
+inputs:
+  x: {dtypes: [float16, float32, float64]}
+attrs:
+  a: {type: float, default: 1.0}
+  b: {type: float, default: 1.0}
+  c: {type: float, default: 1.0}
+outputs:
+  y: {like: x}
+forward:
+  y: x * (a * b / c)
+"""
+
+
+@pytest.fixture(scope="module")
+def attr_ops(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("attr_ops")
+    write_op(folder, SOFT_CLIP, "soft_clip_t.yaml")
+    write_op(folder, ATTR_PRODUCT, "attr_product_t.yaml")
+    opkit.load(folder)
+    return opkit.get("soft_clip_t"), opkit.get("attr_product_t")
+
+
+def both_paths(op, *args, **kwargs):
+    """The direct call and the checked call (naming the layout skips the direct call)."""
+    return [lambda: op(*args, **kwargs), lambda: op(*args, layout="ND", **kwargs)]
+
+
+@pytest.mark.parametrize("limit, message", [(1e300, r"limit=1e\+300 does not fit float32"),
+                                            (1e-300, r"limit=1e-300 rounds to 0 in float32")])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_attrs_that_do_not_fit_float32_are_refused(attr_ops, limit, message, dtype):
+    sc, _ = attr_ops
+    x = np.array([0.0, 1.0, -2.0], dtype)
+    for size in (3, 0):
+        for call in both_paths(sc, x[:size], limit=limit):
+            with pytest.raises(ValueError, match=message + r".*pass float64 arrays"):
+                call()
+        out = np.full(size, 5, dtype)
+        with pytest.raises(ValueError, match=message):
+            sc(x[:size], limit=limit, out=out)
+        assert (out == 5).all()  # nothing written
+    with pytest.raises(ValueError, match=message):
+        sc.backward(np.ones(3, dtype), x, limit=limit)
+
+
+def test_float64_calls_take_any_limit(attr_ops):
+    sc, _ = attr_ops
+    x = np.array([0.0, 1.0, -2.0, 1e-200])
+    for limit in (1e300, 1e-300):
+        want = limit * np.tanh(x / limit)
+        assert np.isfinite(want).all()
+        for call in both_paths(sc, x, limit=limit):
+            np.testing.assert_array_equal(call(), want)
+
+
+def test_values_computed_from_attrs_alone_are_computed_in_double(attr_ops):
+    _, ap = attr_ops
+    x = np.array([0.0, 1.0, -2.0], np.float32)
+    # 1e30 * 1e30 overflows float32 on the way; in double the factor is 1e30, which fits
+    for call in both_paths(ap, x, a=1e30, b=1e30, c=1e30):
+        np.testing.assert_array_equal(call(), (x.astype(np.float64) * 1e30).astype(np.float32))
+    for call in both_paths(ap, x, a=1e30, b=1e30, c=1.0):
+        with pytest.raises(ValueError, match=r"\(\(a \* b\) / c\) .* is 1e\+60 with a=1e\+30, "
+                                             r"b=1e\+30, c=1.0, which does not fit float32"):
+            call()
+    # an attr used only inside such a value may be anything double holds
+    for call in both_paths(ap, x, a=1e300, b=1e-300, c=2.0):
+        np.testing.assert_array_equal(call(), x * np.float32(0.5))
+
+
+def test_float32_nan_only_where_the_formula_gives_nan(attr_ops):
+    sc, _ = attr_ops
+    x = np.array([0.0, -0.0, 1e-30, -3.0, 3e38, np.inf, -np.inf], np.float32)
+    for limit in (1e-45, 1e-38, 1e-20, 1.0, 1e20, 3e38, np.inf):
+        with np.errstate(all="ignore"):  # inf * tanh(x / inf) is inf * 0: NaN in NumPy too
+            want = limit * np.tanh(x.astype(np.float64) / limit)
+        for call in both_paths(sc, x, limit=limit):
+            y = call()
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(want), err_msg=str(limit))
+            close = np.isfinite(want)
+            np.testing.assert_allclose(y[close], want[close], rtol=1e-4, atol=1e-4)  # float32 standard
+
+
+def test_no_warnings_from_a_float16_gradient_sum_past_65504():
+    fb = opkit.get("fused_bias_leaky_relu")
+    x = np.ones((1, 2, 300, 300), np.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, dbias = fb.backward(np.ones_like(x), x, np.zeros(2, np.float16))
+    assert np.isinf(dbias).all()  # 90000 * sqrt(2) rounds to inf in float16, as PyTorch's does
+
+
+# ------------------------------------------------------------------ direct call == checked call
+
+TWO_INPUTS = """name: two_inputs_t
+inputs:
+  x: {dtypes: [float16, float32, float64]}
+  g: {dtypes: [float16, float32, float64]}
+attrs:
+  k: {type: int, default: 2, range: [-3, 10]}
+  flag: {type: bool, default: false}
+  s: {type: float, default: null, null_means: 1.5}
+outputs:
+  y: {like: x}
+forward:
+  y: where(flag, x * g * s, x + k * g)
+schedule:
+  inplace: {y: x}
+"""
+
+
+@pytest.fixture(scope="module")
+def fuzz_ops(tmp_path_factory, attr_ops):
+    folder = tmp_path_factory.mktemp("fuzz_ops")
+    write_op(folder, TWO_INPUTS, "two_inputs_t.yaml")
+    opkit.load(folder)
+    ops = [opkit.get("leaky_relu"), opkit.get("two_inputs_t"), *attr_ops]
+    for op in ops:
+        op.module()  # built once, before hypothesis times anything
+    return ops
+
+
+_DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "bool"]
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 1e-300, 1e300, 1e-45, 3.5e38, np.inf, -np.inf, np.nan,
+            np.nan, 255.99, 32767.5 / 128, -32767.5 / 128, 0.2]
+
+
+def _array(data, shape, dtype, layout):
+    values = data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.5, -2.0, 3.0, -1e4, 1e4, np.nan,
+                                                 np.inf, -np.inf, 0.25, 100.0]),
+                                min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+    with np.errstate(all="ignore"):
+        arr = np.array(values, dtype=np.float64).reshape(shape)
+        if dtype.startswith(("int", "bool")):
+            arr = np.nan_to_num(arr, nan=1, posinf=120, neginf=-120)
+        arr = np.asarray(arr).astype(dtype)
+    if layout == "swapped" and dtype != "bool":
+        arr = swapped(arr)
+    elif layout == "transposed":
+        arr = np.asfortranarray(arr)
+    elif layout == "strided" and arr.ndim:
+        big = np.zeros(arr.shape[:-1] + (arr.shape[-1] * 2,), arr.dtype)
+        big[..., ::2] = arr
+        arr = big[..., ::2]
+    elif layout == "readonly":
+        arr.flags.writeable = False
+    elif layout == "unaligned" and arr.size:
+        arr = unaligned(arr)
+    return arr
+
+
+def _attr_value(data, attr):
+    kind = data.draw(st.sampled_from(["default"] * 4 + ["special"] * 4 + ["int", "bool", "str",
+                                                                          "np32", "none"]))
+    if kind == "default":
+        return None, False
+    if kind == "special":
+        return data.draw(st.sampled_from(_SPECIAL)), True
+    if kind == "int":
+        return data.draw(st.sampled_from([0, 1, -4, 3, 11, 2 ** 70])), True
+    if kind == "bool":
+        return data.draw(st.booleans()), True
+    if kind == "np32":
+        with np.errstate(over="ignore"):
+            return np.float32(data.draw(st.sampled_from(_SPECIAL))), True
+    if kind == "str":
+        return "0.5", True
+    return None, True
+
+
+def _outcome(fn):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            result = fn()
+    except Exception as exc:  # compared by type and message
+        return type(exc), str(exc)
+    return result
+
+
+def _same(a, b):
+    if isinstance(a, tuple) and a and isinstance(a[0], type):
+        return a == b
+    if isinstance(b, tuple) and b and isinstance(b[0], type):
+        return False
+    return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
+            and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+
+
+def _check_agreement(op, arrays, kwargs, out_kind):
+    spec = op.spec
+
+    def make_out(ins):
+        x = ins[0]
+        if out_kind == "none":
+            return None
+        if out_kind == "inplace":
+            return ins[0]
+        if out_kind == "overlap" and x.ndim and x.size > 1:
+            return x[::-1]
+        dt = x.dtype if np.dtype(x.dtype).name in spec.dtypes else np.float32
+        dt = np.float64 if out_kind == "wrong_dtype" and dt != np.float64 else dt
+        shp = x.shape + (1,) if out_kind == "wrong_shape" else x.shape
+        out = np.full(shp, 9, dt)
+        if out_kind == "readonly":
+            out.flags.writeable = False
+        return swapped(out) if out_kind == "swapped" else out
+
+    def run(checked):
+        ins = [a.copy() if a.flags.writeable else a for a in arrays]
+        out = make_out(ins)
+        extra = {"layout": spec.layouts[0]} if checked else {}
+        result = _outcome(lambda: op(*ins, out=out, **kwargs, **extra)
+                          if out is not None else op(*ins, **kwargs, **extra))
+        return result, ins, out
+
+    direct, ins_d, out_d = run(False)
+    checked, ins_c, out_c = run(True)
+    assert _same(direct, checked), (direct, checked)
+    for a, b in zip(ins_d, ins_c):
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    if out_d is not None:
+        assert np.array_equal(out_d, out_c, equal_nan=out_d.dtype.kind == "f")
+
+
+_SHAPES = [(), (0,), (1,), (5,), (2, 3), (3, 1, 4)]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_direct_and_checked_calls_agree_on_attrs(fuzz_ops, data):
+    """Plain arrays; attrs of every kind: in and out of range, NaN, inf, huge, tiny, wrong types."""
+    op = data.draw(st.sampled_from(fuzz_ops))
+    shape = data.draw(st.sampled_from(_SHAPES))
+    dtype = data.draw(st.sampled_from(op.spec.dtypes))
+    arrays = [_array(data, shape, dtype, "contiguous") for _ in op.spec.inputs]
+    kwargs = {}
+    for a in op.spec.attrs:
+        value, give = _attr_value(data, a)
+        if give:
+            kwargs[a.name] = value
+    _check_agreement(op, arrays, kwargs, data.draw(st.sampled_from(["none", "fresh"])))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_direct_and_checked_calls_agree_on_arrays(fuzz_ops, data):
+    """Default attrs; arrays of every dtype, byte order, alignment, stride pattern and
+    broadcast shape; out= arrays right and wrong; unknown keywords."""
+    op = data.draw(st.sampled_from(fuzz_ops))
+    shape = data.draw(st.sampled_from(_SHAPES))
+    dtype = data.draw(st.sampled_from(_DTYPES[:3] * 3 + _DTYPES[3:]))
+    arrays = []
+    for i, inp in enumerate(op.spec.inputs):
+        s = shape if i == 0 else data.draw(st.sampled_from([shape, shape[1:], (1,) * len(shape)]))
+        d = dtype if data.draw(st.booleans()) or i == 0 else data.draw(st.sampled_from(_DTYPES))
+        layout = data.draw(st.sampled_from(["contiguous"] * 4 + ["swapped", "transposed",
+                                                                 "strided", "readonly",
+                                                                 "unaligned"]))
+        arrays.append(_array(data, s, d, layout))
+    kwargs = {"bogus": 1.0} if data.draw(st.integers(0, 7)) == 0 else {}
+    out_kind = data.draw(st.sampled_from(["none"] * 4 + ["fresh"] * 2 + [
+        "inplace", "wrong_dtype", "wrong_shape", "readonly", "swapped", "overlap"]))
+    _check_agreement(op, arrays, kwargs, out_kind)
