@@ -390,3 +390,25 @@ def test_direct_and_checked_calls_agree_on_arrays(fuzz_ops, data):
     out_kind = data.draw(st.sampled_from(["none"] * 4 + ["fresh"] * 2 + [
         "inplace", "wrong_dtype", "wrong_shape", "readonly", "swapped", "overlap"]))
     _check_agreement(op, arrays, kwargs, out_kind)
+
+
+# ------------------------------------------------------------------ memory
+
+
+@pytest.mark.parametrize("layout", [None, "NHWC"])
+def test_in_place_float16_allocates_nothing_the_size_of_the_tensor(lr, layout):
+    """The direct and the checked call write in place without a copy of the tensor
+    (docs/reliability.md has the 2 GiB measurement)."""
+    import tracemalloc
+    x = np.random.default_rng(0).standard_normal((1, 64, 64, 1024), np.float32).astype(np.float16)
+    want = np.where(x > 0, x, np.float32(0.2) * x.astype(np.float32)).astype(np.float16)
+    kwargs = {"layout": layout} if layout else {}
+    lr(x[:1, :1, :1, :16].copy(), **kwargs)  # built and loaded first
+    tracemalloc.start()
+    try:
+        assert lr(x, out=x, **kwargs) is x
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < x.nbytes // 16, peak  # 8 MiB tensor: kilobytes of bookkeeping only
+    np.testing.assert_array_equal(x, want)
