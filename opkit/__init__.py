@@ -4,7 +4,7 @@
     y = opkit.get("leaky_relu")(x, alpha=0.2)
     dx, = opkit.ops.leaky_relu.backward(dy, x, alpha=0.2)
 """
-__version__ = "0.1.0"
+from ._version import __version__
 
 from types import ModuleType as _ModuleType
 from typing import List as _List

@@ -171,7 +171,7 @@ def cmd_list(args) -> int:
 
 def cmd_show(args) -> int:
     import opkit
-    from .lower import cost, display, listing
+    from .lower import cost, listing
     op = opkit.get(args.name)
     s = op.spec
     out = [f"# {s.name}: {s.summary}", f"# declared in {s.file}", "", "## declaration", "",
@@ -200,21 +200,24 @@ def cmd_show(args) -> int:
         out += ["", f"(build failed: {exc})"]
     vec = (built.meta.get("vectorization", {}) if built else {})
     out += ["", "## kernels and schedule"]
+    from .builder import toolchain
     from .codegen import COMPUTE
+    from .lower import Kernel
+    target = toolchain().target
+    sch = lowered.schedule
     for plan in (lowered.forward, lowered.backward):
         if plan is None:
             continue
         for step in plan.steps:
-            if not hasattr(step, "body"):
-                out += ["", f"{step.name}: library call {step.prim}({', '.join(display(a) for a in step.args)})"
-                        f" -> {display(step.result)}"]
+            if not isinstance(step, Kernel):
+                out += ["", f"{step.name}: library call {step.prim}({', '.join(map(str, step.args))})"
+                        f" -> {step.result}"]
                 continue
             k = step
-            out += ["", f"kernel {k.name} ({plan.kind}): reads {', '.join(display(v) for v in k.inputs) or '-'}; "
-                    f"writes {', '.join(display(v) for v in k.outputs)}"]
-            sch = k.schedule
+            out += ["", f"kernel {k.name} ({plan.kind}): reads {', '.join(map(str, k.inputs)) or '-'}; "
+                    f"writes {', '.join(map(str, k.outputs))}"]
             out.append(f"  schedule: tile {sch.tile}, one thread below {sch.parallel_threshold} elements, "
-                       f"{sch.vector_bytes}-byte vectors ({sch.isa})")
+                       f"{target.vector_bytes}-byte vectors ({target.isa})")
             for ct in COMPUTE.values():
                 info = vec.get(f"{k.name}_{ct.tag}")
                 if info is not None:
@@ -222,7 +225,7 @@ def cmd_show(args) -> int:
                              else "NOT vectorized" + (f": {info['notes'][0]}" if info["notes"] else ""))
                     out.append(f"  element loop on {ct.type}: {state} (compiler report)")
             for dt in s.dtypes:
-                out.append(f"  {dt}: {cost(k, dt)}")
+                out.append(f"  {dt}: {cost(k, dt, target.vector_bytes)}")
                 out += [f"    {line}" for line in listing(k, dt)]
     out += ["", "## generated source", ""]
     if built:

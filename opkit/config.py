@@ -30,12 +30,15 @@ def _check_threads(v: Any) -> int:
     return v
 
 
+# native: every feature of this CPU; portable: the architecture's baseline only (opkit/target.py)
+ISAS = ("native", "portable")
+
+
 def _default_isa() -> str:
     return os.environ.get("OPKIT_ISA") or "native"
 
 
 def _check_isa(v: Any) -> str:
-    from .target import ISAS
     if v not in ISAS:
         raise ValueError(f"isa must be one of {', '.join(map(repr, ISAS))}, got {v!r}")
     return v

@@ -11,6 +11,7 @@ from typing import Dict, List, Union
 from ._paths import operators_dir
 from .dsl import build_graphs
 from .errors import SpecError
+from .lower import lower
 from .runtime import Op
 from .spec import load_spec
 
@@ -72,7 +73,7 @@ def make_op(path: Path) -> Op:
     if graphs.declared:
         from .validate.check import check_declared_backward
         check_declared_backward(spec, graphs)
-    return Op(spec, graphs)
+    return Op(spec, graphs, lower(spec, graphs))  # lowering checks schedule.inplace
 
 
 REGISTRY = Registry()

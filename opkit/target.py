@@ -6,10 +6,12 @@ import platform
 from dataclasses import dataclass
 from typing import Tuple
 
+from .config import ISAS
+from .config import get as setting
+
 # CPU features that change generated code; only these enter the cache key.
 _RELEVANT = ("sse2", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
              "avx512dq", "avx512vl", "avx512_fp16", "asimd", "fphp", "asimdhp")
-ISAS = ("native", "portable")
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,7 @@ def cpu_features() -> Tuple[str, ...]:
 def current(isa: str = "") -> Target:
     """The target for `isa`, or for the `isa` setting (OPKIT_ISA; native by default)."""
     if not isa:
-        from .config import get
-        isa = get("isa")
+        isa = setting("isa")
     if isa not in ISAS:
         raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {isa!r}")
     machine = platform.machine().lower()

@@ -30,8 +30,11 @@ typedef const int32_t *__restrict opk_cip;
 typedef int64_t *__restrict opk_lp;
 typedef const int64_t *__restrict opk_clp;
 
-/* storage dtype codes, shared with opkit/codegen (DTYPE_CODES) */
-enum { OPK_F16 = 1, OPK_F32 = 2, OPK_F64 = 3, OPK_I8 = 4, OPK_I16 = 5, OPK_I32 = 6, OPK_I64 = 7 };
+/* The storage dtype codes (OPK_F16 ...) and OPK_MAXOPS come from opkit itself: the generated
+ * module defines them (opkit/codegen/render.py: DTYPE_CODES, MAX_OPERANDS) before this header. */
+#if !defined(OPK_F16) || !defined(OPK_MAXOPS)
+#error "opkit_kernel.h is included by opkit's generated modules, which define the dtype codes"
+#endif
 
 /* the fixed-point product x * m / 2**bits, rounded to nearest with ties toward +inf: an integer
  * multiply, an add and an arithmetic shift (gcc and clang shift signed integers arithmetically).
@@ -473,8 +476,9 @@ static inline void opk_store_c(int ccode, char *dst, Py_ssize_t stride, int code
 
 /* ---------------------------------------------------------------- iteration */
 
-#define OPK_MAXDIM 64
-#define OPK_MAXOPS 32
+/* OPK_MAXOPS (operands per kernel) and the dtype codes are defined by the generated module,
+ * from opkit's own constants (opkit/codegen/render.py), before it includes this header. */
+#define OPK_MAXDIM 64     /* NumPy's own limit on dims */
 /* a transposing block: OPK_BLOCK_O elements along the outputs' contiguous dim (one 64-byte line
  * of float32) by OPK_BLOCK_I along the inputs' (long sequential reads, few streams) */
 #ifndef OPK_BLOCK_O
@@ -487,20 +491,35 @@ static inline void opk_store_c(int ccode, char *dst, Py_ssize_t stride, int code
 #define OPK_PREFETCH_LINES 4
 #endif
 
-/* geometry, built by opkit/runtime/geometry.py as an intp array:
- *   [ndim, nops, nout, tdim, ccode, stream, shape[ndim], strides[nops][ndim] (bytes), codes[nops]]
- * the last dim is the one the outputs are contiguous along; ndim >= 1. With tdim >= 0 the
- * walk goes in blocks of OPK_BLOCK x OPK_BLOCK over the last dim and dim tdim (along which the
- * inputs are contiguous): rows along tdim are computed into a block buffer in the compute type
- * (ccode) and the buffer is transposed into the outputs, with streaming stores when `stream` says
- * the outputs are memory the caller gave. Work units are elements, or blocks. */
-typedef void (*opk_segment_fn)(Py_ssize_t n, char **ptr, Py_ssize_t *step, int *code, void *ctx);
+/* The fused element loop of one kernel instance over contiguous operands stored in the
+ * compute type: p[0 .. nin) are read, p[nin .. nops) written. */
+typedef void (*opk_tile_fn)(Py_ssize_t n, char *const *p, const void *ctx);
 /* rows of `inner` elements: operands in `mask` (inputs) hold one value per row, the others run on
  * contiguously from row to row; everything is stored in the compute type */
-typedef void (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char **ptr, Py_ssize_t *rstep,
-                            int mask, void *ctx);
+typedef void (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char *const *ptr,
+                            const Py_ssize_t *rstep, int mask, const void *ctx);
 
-enum { OPK_G_NDIM, OPK_G_NOPS, OPK_G_NOUT, OPK_G_TDIM, OPK_G_CCODE, OPK_G_STREAM, OPK_G_SHAPE };
+/* One call of a kernel instance: what the generated module knows about it, and the call's
+ * context (its attrs, rounded to the compute type). */
+typedef struct {
+    opk_tile_fn tile;
+    opk_rows_fn rows;          /* NULL: no row variants */
+    uint64_t row_masks;        /* bit m: `rows` has a variant for the per-row input set m */
+    const void *ctx;
+    int nin, nops;             /* inputs; inputs + outputs */
+    int ccode;                 /* the compute type's code */
+    Py_ssize_t tile_len;       /* elements per tile where operands are converted or gathered */
+    int stream;                /* the outputs are memory the caller gave: stream long runs */
+} opk_kernel;
+
+/* geometry, built by opkit/runtime/geometry.py as an intp array:
+ *   [ndim, nops, nout, tdim, ccode, shape[ndim], strides[nops][ndim] (bytes), codes[nops]]
+ * the last dim is the one the outputs are contiguous along; ndim >= 1. With tdim >= 0 the
+ * walk goes in blocks of OPK_BLOCK_O x OPK_BLOCK_I over the last dim and dim tdim (along which
+ * the inputs are contiguous): rows along tdim are computed into a block buffer in the compute
+ * type (ccode) and the buffer is transposed into the outputs, with streaming stores when the
+ * outputs are memory the caller gave. Work units are elements, or blocks. */
+enum { OPK_G_NDIM, OPK_G_NOPS, OPK_G_NOUT, OPK_G_TDIM, OPK_G_CCODE, OPK_G_SHAPE };
 
 static inline Py_ssize_t opk_cdiv(Py_ssize_t a, Py_ssize_t b) { return (a + b - 1) / b; }
 
@@ -517,6 +536,63 @@ static inline Py_ssize_t opk_units(const Py_ssize_t *g)
     return total;
 }
 
+static inline void opk_stream_c(int ccode, char *dst, const char *src, Py_ssize_t n)
+{
+    if (OPK_CSIZE(ccode) == 8) opk_stream_d((double *)dst, (const double *)src, n);
+    else opk_stream_f((float *)dst, (const float *)src, n);
+}
+
+/* One row piece: operands stored in the compute type with unit stride are used in place, the
+ * others are converted or gathered into tiles of `scratch` (nops x tile_len elements); an input
+ * broadcast along the run (step 0) is filled into its tile once; long runs into memory the
+ * caller gave are computed into a tile and streamed out. */
+static void opk_segment(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
+                        const Py_ssize_t *step, const int *code)
+{
+    const int nin = k->nin, nops = k->nops, cc = k->ccode;
+    const Py_ssize_t cs = OPK_CSIZE(cc), len = k->tile_len;
+    const int streaming = k->stream && n >= OPK_STREAM_MIN;
+    int direct[OPK_MAXOPS], all_direct = 1;
+    char *t[OPK_MAXOPS];
+    for (int o = 0; o < nops; o++) {
+        direct[o] = code[o] == cc && step[o] == cs;
+        all_direct &= direct[o];
+    }
+    if (all_direct && !streaming) {
+        k->tile(n, ptr, k->ctx);
+        return;
+    }
+    for (int o = 0; o < nin; o++)
+        if (step[o] == 0) opk_load_c(cc, scratch + o * len * cs, ptr[o], 0, code[o], n < len ? n : len);
+    for (Py_ssize_t i = 0; i < n; i += len) {
+        const Py_ssize_t m = n - i < len ? n - i : len;
+        for (int o = 0; o < nops; o++) {
+            if (direct[o] && !(streaming && o >= nin)) {
+                t[o] = ptr[o] + i * step[o];
+            } else {
+                t[o] = scratch + o * len * cs;
+                if (o < nin && step[o] != 0)
+                    opk_load_c(cc, t[o], ptr[o] + i * step[o], step[o], code[o], m);
+            }
+        }
+        k->tile(m, t, k->ctx);
+        for (int o = nin; o < nops; o++) {
+            if (direct[o] && streaming) opk_stream_c(cc, ptr[o] + i * step[o], t[o], m);
+            else if (!direct[o]) opk_store_c(cc, ptr[o] + i * step[o], step[o], code[o], t[o], m);
+        }
+    }
+    if (streaming) opk_fence();
+}
+
+/* Scratch tiles for one thread's walk: on the stack when small (the usual case), else on the
+ * heap; NULL when even that fails. */
+#define OPK_STACK_SCRATCH 32768
+static inline char *opk_scratch(const opk_kernel *k, char *stack)
+{
+    const size_t bytes = (size_t)k->nops * (size_t)k->tile_len * OPK_CSIZE(k->ccode);
+    return bytes <= OPK_STACK_SCRATCH ? stack : (char *)PyMem_RawMalloc(bytes);
+}
+
 /* Short rows (NHWC with a per-pixel value broadcast over C, say) cost a call each. When every
  * operand either runs on contiguously from one row to the next or holds one value per row,
  * rows are handed to the kernel in groups: the per-row values are spread into a contiguous
@@ -526,7 +602,7 @@ static inline Py_ssize_t opk_units(const Py_ssize_t *g)
 #endif
 
 static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
-                          opk_segment_fn fn, opk_rows_fn rows, void *ctx)
+                          const opk_kernel *kn, char *scratch)
 {
     const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
     const int ccode = (int)g[OPK_G_CCODE];
@@ -551,22 +627,23 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
     }
     /* can rows be grouped? */
     int group = nd >= 2 && inner * 4 <= OPK_GROUP, any_per_row = 0;
-    for (Py_ssize_t k = 0; group && k < nops; k++) {
-        const Py_ssize_t rs = strides[k * nd + nd - 2];
-        per_row[k] = step[k] == 0 && rs != 0 && k < nops - nout;
-        any_per_row |= per_row[k];
-        if (!per_row[k] && rs != inner * step[k]) group = 0;
+    for (Py_ssize_t o = 0; group && o < nops; o++) {
+        const Py_ssize_t rs = strides[o * nd + nd - 2];
+        per_row[o] = step[o] == 0 && rs != 0 && o < nops - nout;
+        any_per_row |= per_row[o];
+        if (!per_row[o] && rs != inner * step[o]) group = 0;
     }
     group = group && any_per_row;
     /* the kernel's own row loop takes per-row values as scalars: no spreading, when every
      * operand is stored in the compute type (and runs contiguously, or is per-row) */
-    int mask = 0, use_rows = group && rows != NULL;
+    int mask = 0, use_rows = group && kn->rows != NULL;
     Py_ssize_t rstep[OPK_MAXOPS];
-    for (Py_ssize_t k = 0; group && k < nops; k++) {
-        rstep[k] = strides[k * nd + nd - 2];
-        if (per_row[k]) mask |= 1 << k;
-        if (code[k] != ccode || (!per_row[k] && step[k] != csize)) use_rows = 0;
+    for (Py_ssize_t o = 0; group && o < nops; o++) {
+        rstep[o] = strides[o * nd + nd - 2];
+        if (per_row[o]) mask |= 1 << o;
+        if (code[o] != ccode || (!per_row[o] && step[o] != csize)) use_rows = 0;
     }
+    if (use_rows && (mask >= 64 || !(kn->row_masks >> mask & 1))) use_rows = 0;
     char *spread = NULL;
     if (group && !use_rows) {
         spread = (char *)PyMem_RawMalloc((size_t)nops * OPK_GROUP * csize);
@@ -579,7 +656,7 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
         if (nrows > OPK_GROUP / inner) nrows = OPK_GROUP / inner;
         Py_ssize_t m;
         if (nrows >= 2 && use_rows) {
-            rows(nrows, inner, row, rstep, mask, ctx);
+            kn->rows(nrows, inner, row, rstep, mask, kn->ctx);
             m = nrows * inner;
             for (Py_ssize_t k = 0; k < nops; k++) row[k] += (nrows - 1) * strides[k * nd + nd - 2];
             idx[nd - 2] += nrows - 1;
@@ -608,13 +685,13 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
                 }
             }
             m = nrows * inner;
-            fn(m, ptr, gstep, gcode, ctx);
+            opk_segment(kn, scratch, m, ptr, gstep, gcode);
             for (Py_ssize_t k = 0; k < nops; k++) row[k] += (nrows - 1) * strides[k * nd + nd - 2];
             idx[nd - 2] += nrows - 1;
         } else {
             m = inner - col < left ? inner - col : left;
             for (Py_ssize_t k = 0; k < nops; k++) ptr[k] = row[k] + col * step[k];
-            fn(m, ptr, step, code, ctx);
+            opk_segment(kn, scratch, m, ptr, step, code);
         }
         left -= m;
         if (left <= 0) break;
@@ -630,12 +707,12 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
     if (spread) PyMem_RawFree(spread);
 }
 
-static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
-                            opk_segment_fn fn, void *ctx)
+static int opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
+                           const opk_kernel *kn, char *scratch)
 {
     const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
     const Py_ssize_t td = g[OPK_G_TDIM], od = nd - 1;
-    const int ccode = (int)g[OPK_G_CCODE], stream = (int)g[OPK_G_STREAM];
+    const int ccode = (int)g[OPK_G_CCODE], stream = kn->stream;
     const Py_ssize_t csize = OPK_CSIZE(ccode);
     const Py_ssize_t *shape = g + OPK_G_SHAPE;
     const Py_ssize_t *strides = shape + nd;
@@ -647,7 +724,7 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
     /* one block buffer per output, in the compute type: OPK_BLOCK_O rows of OPK_BLOCK_I */
     char *buf = (char *)PyMem_RawMalloc((size_t)(nout ? nout : 1) * OPK_BLOCK_O * OPK_BLOCK_I * csize);
     char tmp[OPK_BLOCK_O * 8];
-    if (buf == NULL) return;  /* never for 32 KB; the caller checks nothing, so be safe */
+    if (buf == NULL) return -1;
     for (Py_ssize_t u = start; u < stop; u++) {
         Py_ssize_t ob = u % nbo, rest = u / nbo;
         Py_ssize_t ib = rest % nbi;
@@ -689,7 +766,7 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
                     code[k] = ccode;
                 }
             }
-            fn(bi, ptr, step, code, ctx);
+            opk_segment(kn, scratch, bi, ptr, step, code);
         }
         for (Py_ssize_t k = nops - nout; k < nops; k++) {  /* transpose into the outputs */
             const char *src = buf + (k - (nops - nout)) * OPK_BLOCK_O * OPK_BLOCK_I * csize;
@@ -711,17 +788,73 @@ static void opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t 
     }
     if (stream) opk_fence();
     PyMem_RawFree(buf);
+    return 0;
 }
 
-/* Run fn over work units [start, stop) (elements, or blocks when transposing). Threads call
- * this on disjoint ranges, so each element is computed exactly once and the result does not
- * depend on the number of threads. */
-static void opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
-                     opk_segment_fn fn, opk_rows_fn rows, void *ctx)
+/* Run a kernel over work units [start, stop) (elements, or blocks when transposing); -1 when
+ * memory for its buffers cannot be had. Threads call this on disjoint ranges, so each element is
+ * computed exactly once and the result does not depend on the number of threads. */
+static int opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
+                    const opk_kernel *k)
 {
-    if (stop <= start) return;
-    if (g[OPK_G_TDIM] >= 0) opk_walk_blocks(start, stop, g, base, fn, ctx);
-    else opk_walk_rows(start, stop, g, base, fn, rows, ctx);
+    _Alignas(64) char stack[OPK_STACK_SCRATCH];
+    char *scratch = opk_scratch(k, stack);
+    int status = 0;
+    if (stop <= start) return 0;
+    if (scratch == NULL) return -1;
+    if (g[OPK_G_TDIM] >= 0) status = opk_walk_blocks(start, stop, g, base, k, scratch);
+    else opk_walk_rows(start, stop, g, base, k, scratch);
+    if (scratch != stack) PyMem_RawFree(scratch);
+    return status;
+}
+
+/* How many threads run `total` elements when `available` may: one below the threshold (an
+ * OpenMP region costs about 2 us to open), never fewer than 1024 elements a thread, at most
+ * `max_threads` (0: no limit). The one place this rule lives. */
+static inline int opk_threads(Py_ssize_t total, int available, Py_ssize_t threshold, int max_threads)
+{
+    if (total < threshold || total < 2 || available <= 1) return 1;
+    if (max_threads > 0 && available > max_threads) available = max_threads;
+    const Py_ssize_t by_size = total / 1024 > 1 ? total / 1024 : 1;
+    return by_size < available ? (int)by_size : available;
+}
+
+/* A kernel over a geometry, split statically over threads; -1: out of memory. */
+static int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *k, int available,
+                   Py_ssize_t threshold, int max_threads)
+{
+    const Py_ssize_t units = opk_units(g), nd = g[OPK_G_NDIM];
+    Py_ssize_t total = 1;
+    for (Py_ssize_t d = 0; d < nd; d++) total *= g[OPK_G_SHAPE + d];
+    const int nt = opk_threads(total, available, threshold, max_threads);
+    int failed = 0;
+    if (nt <= 1) return opk_walk(0, units, g, base, k);
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed)
+    for (int t = 0; t < nt; t++)
+        failed |= opk_walk(units * t / nt, units * (t + 1) / nt, g, base, k);
+    return failed ? -1 : 0;
+}
+
+/* The direct call: n elements of contiguous operands (step bytes apart, storage codes code). */
+static int opk_run_flat(Py_ssize_t n, char **ptr, const Py_ssize_t *step, const int *code,
+                        const opk_kernel *k, int available, Py_ssize_t threshold, int max_threads)
+{
+    const int nt = opk_threads(n, available, threshold, max_threads);
+    int failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed) if (nt > 1)
+    for (int t = 0; t < nt; t++) {
+        _Alignas(64) char stack[OPK_STACK_SCRATCH];
+        char *scratch = opk_scratch(k, stack), *p[OPK_MAXOPS];
+        const Py_ssize_t s = n * t / nt, e = n * (t + 1) / nt;
+        if (scratch == NULL) {
+            failed = 1;
+            continue;
+        }
+        for (int o = 0; o < k->nops; o++) p[o] = ptr[o] + s * step[o];
+        opk_segment(k, scratch, e - s, p, step, code);
+        if (scratch != stack) PyMem_RawFree(scratch);
+    }
+    return failed ? -1 : 0;
 }
 
 #endif /* OPKIT_KERNEL_H */

@@ -68,7 +68,7 @@ def run_backward(spec, graphs, inputs, dys, attrs=None, layout=None):
     ref = evaluate(graphs.backward, bound.values, bound.attrs)
     out = {}
     for name in graphs.differentiable:
-        arr, names = bound.values[f"in:{name}"]
+        arr, names = bound.values[name]
         out[name] = np.array(shaped(ref[name], names, arr.shape))
     return out
 

@@ -76,12 +76,12 @@ def test_geometry_picks_the_transposing_walk_only_when_it_helps():
     # x contiguous along W*H (stride 4), output contiguous along C: transposed, tdim = the HW dim
     g = geometry((8, 64, 16384), [(64 * 16384 * 4, 16384 * 4, 4), (64 * 16384 * 4, 4, 256)],
                  [2, 2], f4, 1, 2)
-    ndim, nops, nout, tdim, ccode, stream = g[:6]
-    assert (ndim, nops, nout, ccode, stream) == (3, 2, 1, 2, 0) and tdim >= 0
-    assert list(g[6:6 + ndim]) == [8, 16384, 64] and tdim == 1
+    ndim, nops, nout, tdim, ccode = g[:5]
+    assert (ndim, nops, nout, ccode) == (3, 2, 1, 2) and tdim >= 0
+    assert list(g[5:5 + ndim]) == [8, 16384, 64] and tdim == 1
     # both contiguous: one flat run
-    g = geometry((8, 64), [(256, 4), (256, 4)], [2, 2], f4, 1, 2, stream=True)
-    assert list(g[:7]) == [1, 2, 1, -1, 2, 1, 512]
+    g = geometry((8, 64), [(256, 4), (256, 4)], [2, 2], f4, 1, 2)
+    assert list(g[:6]) == [1, 2, 1, -1, 2, 512]
     # a broadcast input (stride 0) never asks for a transposition
     g = geometry((64, 300), [(0, 0), (4, 256)], [2, 2], f4, 1, 2)
     assert g[3] == -1

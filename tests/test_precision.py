@@ -85,10 +85,13 @@ def test_quantize_declaration_errors(alpha, message):
 
 
 def make_op_text(text, tmp=None):
+    """An operator as registration makes it: lowering checks what integer kernels can do."""
     spec = parse_spec(text, "q.yaml")
     from opkit.dsl import build_graphs
+    from opkit.lower import lower
     from opkit.runtime import Op
-    return Op(spec, build_graphs(spec))
+    graphs = build_graphs(spec)
+    return Op(spec, graphs, lower(spec, graphs))
 
 
 # ------------------------------------------------------------------------------ integer kernels

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from .._paths import templates_dir
 from ..codegen import template_digest
 from ..errors import BuildError
 from . import cache
@@ -99,7 +100,8 @@ def _compile(name: str, key: str, entry: Path, source: str, tc: Toolchain, timeo
     log: List[str] = []
     try:
         pyx.write_text(source)
-        cy_cmd = [sys.executable, "-m", "cython", "-3", "--fast-fail", pyx.name, "-o", c_file.name]
+        cy_cmd = [sys.executable, "-m", "cython", "-3", "--fast-fail", "-I", str(templates_dir()),
+                  pyx.name, "-o", c_file.name]
         r = _run(cy_cmd, work, timeout)
         log += ["$ " + " ".join(cy_cmd), r.stdout, r.stderr]
         if r.returncode != 0:

@@ -2,7 +2,8 @@
 
 No text from a declaration reaches the source except identifiers that passed the spec checks and
 numbers re-rendered from parsed values; file names are reduced to printable characters and
-expressions are re-printed from the graph, never copied.
+expressions are re-printed from the graph, never copied. The target (vector width, CPU
+features) enters here: the plans themselves do not depend on the machine.
 """
 from __future__ import annotations
 
@@ -11,17 +12,19 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
-import jinja2
 import numpy as np
 
-from .. import __version__
 from .._paths import templates_dir
+from .._version import __version__
 from ..dsl.graph import OpGraphs
 from ..dsl.primitives import PRIMITIVES
-from ..lower import Kernel, Lowered, compute_dtype, cost, display, listing, quantized
+from ..lower import (LOAD, Attr, Const, Instr, Kernel, Kind, Lowered, Reg, Schedule, Value,
+                     compute_dtype, cost, listing, quantized)
+from ..lower.fuse import MAX_OPERANDS
 from ..lower.integer import fixed_point_factor
+from ..quantize import M_LIMIT
 from ..spec.model import OpSpec
 from ..target import Target
 
@@ -32,9 +35,10 @@ class ComputeType:
     type: str       # C type
     ptr: str
     cptr: str
-    code: str       # storage code of this type (opkit_kernel.h)
+    code: str       # the dtype code of this type (DTYPE_CODES)
     libm: str       # libm suffix: expf vs exp
     storage: str    # the storage dtypes it serves, as a C condition on `dcode`
+    size: int       # bytes
 
     @property
     def integer(self) -> bool:
@@ -43,14 +47,18 @@ class ComputeType:
 
 COMPUTE = {
     "float32": ComputeType("f", "float", "opk_fp", "opk_cfp", "OPK_F32", "f",
-                           "dcode == OPK_F32 or dcode == OPK_F16"),
-    "float64": ComputeType("d", "double", "opk_dp", "opk_cdp", "OPK_F64", "", "dcode == OPK_F64"),
+                           "dcode == OPK_F32 or dcode == OPK_F16", 4),
+    "float64": ComputeType("d", "double", "opk_dp", "opk_cdp", "OPK_F64", "", "dcode == OPK_F64", 8),
     "int32": ComputeType("i", "int32_t", "opk_ip", "opk_cip", "OPK_I32", "",
-                         "dcode == OPK_I8 or dcode == OPK_I16"),
-    "int64": ComputeType("l", "int64_t", "opk_lp", "opk_clp", "OPK_I64", "", "dcode == OPK_I32"),
+                         "dcode == OPK_I8 or dcode == OPK_I16", 4),
+    "int64": ComputeType("l", "int64_t", "opk_lp", "opk_clp", "OPK_I64", "", "dcode == OPK_I32", 8),
 }
+# The dtype codes the kernels and the runtime share; the generated module defines them for
+# templates/opkit_kernel.h, so this table is the only place they are written.
 DTYPE_CODES = {"float16": 1, "float32": 2, "float64": 3, "int8": 4, "int16": 5, "int32": 6, "int64": 7}
 TAG_CODES = {ct.tag: DTYPE_CODES[dt] for dt, ct in COMPUTE.items()}
+_DOUBLE = COMPUTE["float64"]
+_COMPARE_C = {"==": "==", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
 
 
 def instance_tag(dtype: str) -> str:
@@ -59,6 +67,17 @@ def instance_tag(dtype: str) -> str:
 
 def _printable(text: str) -> str:
     return "".join(c if c.isprintable() and c not in "\"'\\" else "?" for c in text)
+
+
+def _number(value: float) -> str:
+    """A Python/Cython literal for a parsed number (never text from the declaration)."""
+    if value != value:
+        return "NAN"
+    if value in (float("inf"), float("-inf")):
+        return "INFINITY" if value > 0 else "-INFINITY"
+    text = repr(float(value))
+    assert re.fullmatch(r"-?[0-9.e+-]+", text), text
+    return text
 
 
 def _constant(value, ct: ComputeType) -> str:
@@ -78,13 +97,23 @@ def _instances(dtypes) -> List[ComputeType]:
     return out
 
 
-def _operand(arg: str, ct: ComputeType) -> str:
-    if arg.startswith("@"):
-        return "a_" + arg[1:]
-    if arg.startswith("#"):
-        text = arg[1:]
-        return _constant(True if text == "True" else False if text == "False" else float(text), ct)
-    return arg
+# ------------------------------------------------------------------------------ element loops
+
+def _operand(arg, ct: ComputeType) -> str:
+    """An operand in the element loop: a register, an attr field, a constant."""
+    if isinstance(arg, Attr):
+        return "a_" + arg.name
+    if isinstance(arg, Const):
+        return _constant(arg.value, ct)
+    return str(arg)
+
+
+def _statements(ins: Instr, args: Sequence[str], libm: str, dst: str) -> List[str]:
+    """The Cython statements that compute one primitive into `dst`."""
+    form = PRIMITIVES[ins.op].cython
+    if "{d}" in form:  # statements of their own, with a temporary {t}
+        return [st.format(*args, f=libm, d=dst, t=dst + "_t") for st in form.split("\n")]
+    return [f"{dst} = {form.format(*args, f=libm)}"]
 
 
 def _hoisted(kernel: Kernel, ct: ComputeType):
@@ -93,31 +122,27 @@ def _hoisted(kernel: Kernel, ct: ComputeType):
 
 
 def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = False,
-               quant: Dict[str, int] = None) -> List[str]:
+               quant: Dict[str, int] = None, scalars: Sequence[int] = ()) -> List[str]:
+    """The element loop's body; inputs in `scalars` are one value per row (s<slot>)."""
     lines = []
     hoisted = set(_hoisted(kernel, ct))
     for ins in kernel.body:
         if ins in hoisted:
             continue
-        if ins.op == "load":
-            lines.append(f"{ins.dst} = p{ins.args[0]}[j]")
+        if ins.op == LOAD:
+            src = f"s{ins.slot}" if ins.slot in scalars else f"p{ins.slot}[j]"
+            lines.append(f"{ins.dst} = {src}")
             continue
         args = [_operand(a, ct) for a in ins.args]
         where = f"  # {file_name}:{ins.loc.line}" if ins.loc else ""
         k = fixed_point_factor(ins, quant or {}) if ct.integer else None
         if k is not None:  # x * (m / 2**bits): integer multiply, round, arithmetic shift
-            bits = quant[ins.args[1 - k][1:]]
+            bits = quant[ins.args[1 - k].name]
             lines.append(f"{ins.dst} = opk_qmul_{ct.tag}({args[k]}, {args[1 - k]}, {bits}){where}")
-            continue
-        if ct.integer and ins.op == "abs":
+        elif ct.integer and ins.op == "abs":
             lines.append(f"{ins.dst} = ({args[0]} if {args[0]} >= 0 else -{args[0]}){where}")
-            continue
-        form = PRIMITIVES[ins.op].cython
-        if "{d}" in form:  # statements of their own
-            for statement in form.split("\n"):
-                lines.append(statement.format(*args, f=ct.libm, d=ins.dst, t=ins.dst + "_t") + where)
-            continue
-        lines.append(f"{ins.dst} = {form.format(*args, f=ct.libm)}{where}")
+        else:
+            lines += [line + where for line in _statements(ins, args, ct.libm, str(ins.dst))]
     for i, res in enumerate(kernel.results):
         r = _operand(res, ct)
         if clip:  # gradient clipping on store: clamp to [lo, hi], NaN stays NaN (two selects each)
@@ -128,72 +153,91 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
     return lines
 
 
-_DOUBLE = COMPUTE["float64"]
+# ------------------------------------------------------------------------------ the context
+
+def _attr_fields(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str, int]):
+    """(C type, name, initial value from the argument attr_<name>) per attr the element loop
+    reads (float instances read the others only through the prologue); an integer instance
+    takes a quantized attr as its multiplier m."""
+    fields = []
+    for name in (kernel.attrs if not _hoisted(kernel, ct) else kernel.loop_attrs):
+        a = spec.attr(name)
+        if a.type == "bool":
+            fields.append(("bint", name, f"attr_{name}"))
+        elif ct.integer and name in quant:
+            fields.append((ct.type, name, f"<{ct.type}>lrint(attr_{name} * {float(1 << quant[name])!r})"))
+        else:
+            fields.append((ct.type, name, f"<{ct.type}>attr_{name}"))
+    return fields
 
 
-def _prologue_operand(arg: str) -> str:
-    if arg.startswith("@"):
-        return "attr_" + arg[1:]
-    if arg.startswith("#"):
-        return _operand(arg, _DOUBLE)
-    return "sv_" + arg
+def _prologue_operand(arg) -> str:
+    if isinstance(arg, Attr):
+        return "attr_" + arg.name
+    if isinstance(arg, Const):
+        return _constant(arg.value, _DOUBLE)
+    return f"s_{arg}"
 
 
-def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str, int]) -> Dict:
-    """The kernel context's initialization from the call's attrs: attr fields rounded to the
-    compute type, prologue steps computed in double first, and the values whose rounding to
-    float would overflow (or, for a nonzero attr, vanish): the runtime refuses those calls
-    (runtime/scalars.py applies the same rule before anything runs)."""
+def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str, int],
+                 clip: bool = False) -> Dict:
+    """The kernel context's initialization from the call's attrs: the prologue computed in
+    double, the values whose rounding to float would overflow (or, for a nonzero attr, vanish)
+    refused, then everything rounded once to the compute type. runtime/scalars.py applies the
+    same rule to the checked call before anything runs."""
     hoisted = _hoisted(kernel, ct)
     crossing = kernel.prologue_results if hoisted else ()
-    lines, stores, temps, checks = [], [], [], []
+    fields = _attr_fields(kernel, spec, ct, quant)
+    lines, temps, checks = [], [], []
     for ins in hoisted:
-        args = [_prologue_operand(a) for a in ins.args]
-        d = "sv_" + ins.dst
+        d = f"s_{ins.dst}"
         temps.append(("bint" if ins.kind == "bool" else "double", d))
-        form = PRIMITIVES[ins.op].cython
-        if "{d}" in form:
+        if "{t}" in PRIMITIVES[ins.op].cython:
             temps.append(("double", d + "_t"))
-            lines += [st.format(*args, f="", d=d, t=d + "_t") for st in form.split("\n")]
-        else:
-            lines.append(f"{d} = {form.format(*args, f='')}")
-        if ins.dst not in crossing:
-            continue
-        cast = "" if ins.kind == "bool" else f"<{ct.type}>"
-        stores.append(f"ctx.s_{ins.dst} = {cast}{d}")
-        if ct.tag == "f" and ins.kind == "float":
-            checks.append(f"opk_overflows_f({d})")
+        lines += _statements(ins, [_prologue_operand(a) for a in ins.args], "", d)
     if ct.tag == "f":
         checks = [f"opk_overflows_f(attr_{a}) or opk_vanishes_f(attr_{a})"
-                  for a in kernel.loop_attrs if spec.attr(a).type == "float"] + checks
-    # checked before any rounding, so no conversion is ever out of range
-    stores = [f"ctx.a_{name} = {init}" for _, name, init in _loop_fields(kernel, spec, ct, quant)]\
-        + stores
+                  for a in kernel.loop_attrs if spec.attr(a).type == "float"]
+        checks += [f"opk_overflows_f(s_{r})" for r in crossing
+                   if next(i for i in hoisted if i.dst == r).kind == "float"]
+    stores = [f"ctx.a_{name} = {init}" for _, name, init in fields]
+    stores += [f"ctx.s_{r} = {'' if _kind(hoisted, r) == 'bool' else f'<{ct.type}>'}s_{r}"
+               for r in crossing]
     return {"temps": temps, "lines": lines, "checks": checks, "stores": stores,
-            "fields": [("bint" if i.kind == "bool" else ct.type, "s_" + i.dst) for i in hoisted
-                       if i.dst in crossing],
-            "loads": [f"{d} = ctx.s_{d}" for d in crossing]}
+            "fields": [(ctype, f"a_{name}") for ctype, name, _ in fields]
+            + [("bint" if _kind(hoisted, r) == "bool" else ct.type, f"s_{r}") for r in crossing],
+            "locals": [f"cdef {ctype} a_{name} = ctx.a_{name}" for ctype, name, _ in fields]
+            + [f"cdef {ct.type} {b}{i} = ctx.{b}[{i}]" for i in range(len(kernel.outputs))
+               for b in ("lo", "hi") if clip],
+            "loads": [f"{r} = ctx.s_{r}" for r in crossing]}
 
 
-def _schedule_text(kernel: Kernel) -> str:
-    s = kernel.schedule
-    threads = f"up to {s.max_threads}" if s.max_threads else "all"
-    return (f"tile {s.tile} elements; 1 thread below {s.parallel_threshold} elements, {threads} "
-            f"threads above (static split of the flat range); {s.vector_bytes}-byte vectors "
-            f"({s.lanes(4)} x float32, {s.lanes(8)} x float64); isa {s.isa}")
+def _kind(instrs, reg: Reg) -> str:
+    return next(i.kind for i in instrs if i.dst == reg)
 
 
-def loop_text(kernel: Kernel, instances: List[ComputeType], features) -> str:
+# ------------------------------------------------------------------------------ annotations
+
+def _schedule_text(schedule: Schedule, target: Target) -> str:
+    threads = f"up to {schedule.max_threads}" if schedule.max_threads else "all"
+    lanes = lambda size: max(target.vector_bytes // size, 1)  # noqa: E731
+    return (f"tile {schedule.tile} elements; 1 thread below {schedule.parallel_threshold} "
+            f"elements, {threads} threads above (static split of the flat range); "
+            f"{target.vector_bytes}-byte vectors ({lanes(4)} x float32, {lanes(8)} x float64); "
+            f"isa {target.isa}")
+
+
+def loop_text(kernel: Kernel, instances: List[ComputeType], target: Target) -> str:
     """What the element loop compiles to; tests compare it with the compiler's report."""
     calls = kernel.scalar_calls
     if calls:
         return (f"scalar (calls {', '.join(calls)}: libm functions the C compiler does not "
                 "vectorize without -ffast-math)")
-    text = f"vectorized, {kernel.schedule.vector_bytes}-byte vectors"
+    text = f"vectorized, {target.vector_bytes}-byte vectors"
     # GCC multiplies 64-bit lanes with AVX-512DQ, or emulates it from 32-bit multiplies with
     # AVX2 / AVX-512F; the baseline SSE2 target keeps that loop scalar
     if any(ct.tag == "l" for ct in instances) and \
-            not {"avx2", "avx512f", "avx512dq"} & set(features) and \
+            not {"avx2", "avx512f", "avx512dq"} & set(target.features) and \
             any(i.op == "mul" for i in kernel.body):
         text += "; int64 instance: scalar (a 64-bit vector multiply needs AVX2 or AVX-512)"
     return text
@@ -208,141 +252,96 @@ def _passes(graphs: OpGraphs) -> List[str]:
     return out
 
 
-def _attr_fields(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str, int]):
-    """(C type, name, initial value from the Python argument attr_<name>) per attr the body
-    uses; an integer instance takes a quantized attr as its multiplier m."""
-    fields = []
-    for name in kernel.attrs:
-        a = spec.attr(name)
-        if a.type == "bool":
-            fields.append(("bint", name, f"attr_{name}"))
-        elif ct.integer and name in quant:
-            fields.append((ct.type, name, f"<{ct.type}>lrint(attr_{name} * {float(1 << quant[name])!r})"))
-        else:
-            fields.append((ct.type, name, f"<{ct.type}>attr_{name}"))
-    return fields
+# ------------------------------------------------------------------------------ kernels
+
+def _per_row_candidates(kernel: Kernel, spec: OpSpec) -> List[int]:
+    """Slots of the inputs that may hold one value per row of the iteration space: not the
+    input the outputs take their shape from, nor an output gradient (both run the full shape);
+    the row loops take such inputs as scalars."""
+    full = {o.like for o in spec.outputs if o.like} | {"d" + o.name for o in spec.outputs}
+    return [i for i, v in enumerate(kernel.inputs)
+            if not (v.kind is Kind.INPUT and v.name in full)]
 
 
-def _loop_fields(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str, int]):
-    """The attr fields of the context: those the element loop reads (float instances read
-    the others only through the prologue)."""
-    loop = kernel.loop_attrs if _hoisted(kernel, ct) else kernel.attrs
-    return [f for f in _attr_fields(kernel, spec, ct, quant) if f[1] in loop]
+def _row_variants(kernel: Kernel, spec: OpSpec, instances, file_name: str, clip: bool,
+                  quant) -> Dict:
+    """One 2-D row loop per set of per-row inputs (a per-pixel slope over NHWC channels)."""
+    slots = _per_row_candidates(kernel, spec)
+    if not 1 <= len(slots) <= 3 or max(slots) > 5 or len(kernel.outputs) > 4:
+        return {}  # masks are bits of a 64-bit set (opk_kernel.row_masks)
+    variants = {}
+    for pick in range(1, 1 << len(slots)):
+        scalars = [s for i, s in enumerate(slots) if pick >> i & 1]
+        mask = sum(1 << s for s in scalars)
+        variants[mask] = {"scalars": scalars,
+                          "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer,
+                                                      quant, scalars) for ct in instances}}
+    return variants
 
 
-def kernel_context(kernel: Kernel, role: str, spec: OpSpec, file_name: str,
-                   clip: bool = False, features=()) -> Dict:
+def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, file_name: str,
+                   target: Target, clip: bool = False) -> Dict:
     quant = quantized(spec)
     dtypes = spec.float_dtypes if role.startswith("backward") else spec.dtypes
     instances = _instances(dtypes)
-    floats = [i.dst for i in kernel.body if i.kind == "float"]
-    floats += [i.dst + "_t" for i in kernel.body if i.op in PRIMITIVES and "{t}" in PRIMITIVES[i.op].cython]
+    floats = [str(i.dst) for i in kernel.body if i.kind == "float"]
+    floats += [f"{i.dst}_t" for i in kernel.body
+               if i.op in PRIMITIVES and "{t}" in PRIMITIVES[i.op].cython]
     if clip:
         floats += [f"{v}{i}" for i in range(len(kernel.outputs)) for v in ("c", "d")]
-    bools = [i.dst for i in kernel.body if i.kind == "bool"]
+    rows = _row_variants(kernel, spec, instances, file_name, clip, quant)
     return {
         "name": kernel.name,
         "role": role,
         "lines": sorted({loc.line for loc in kernel.locs}),
-        "reads": [display(v) for v in kernel.inputs],
-        "writes": [display(v) for v in kernel.outputs],
-        "schedule": _schedule_text(kernel),
-        "loop": loop_text(kernel, instances, features),
-        "dtypes": [{"name": dt, "cost": str(cost(kernel, dt)), "listing": listing(kernel, dt, quant)}
-                   for dt in dtypes],
+        "reads": [str(v) for v in kernel.inputs],
+        "writes": [str(v) for v in kernel.outputs],
+        "schedule": _schedule_text(schedule, target),
+        "loop": loop_text(kernel, instances, target),
+        "dtypes": [{"name": dt, "cost": str(cost(kernel, dt, target.vector_bytes)),
+                    "listing": listing(kernel, dt, quant)} for dt in dtypes],
         "instances": instances,
         "attrs": [spec.attr(a) for a in kernel.attrs],
         "n_in": len(kernel.inputs),
         "n_out": len(kernel.outputs),
-        "n_ops": len(kernel.operands),
-        "tile": kernel.schedule.tile,
+        "tile": schedule.tile,
+        "threshold": {ct.tag: schedule.threshold(ct.size) for ct in instances},
+        "max_threads": schedule.max_threads or 0,
         "float_vars": floats,
-        "bool_vars": bools,
+        "bool_vars": [str(i.dst) for i in kernel.body if i.kind == "bool"],
         "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
                  for ct in instances},
-        "fields": {ct.tag: _loop_fields(kernel, spec, ct, quant) for ct in instances},
-        "init": {ct.tag: init_context(kernel, spec, ct, quant) for ct in instances},
+        "init": {ct.tag: init_context(kernel, spec, ct, quant, clip and not ct.integer)
+                 for ct in instances},
         "clip": clip,
-        "rows": _row_variants(kernel, instances, file_name, clip, quant),
+        "rows": rows,
+        "row_masks": sum(1 << m for m in rows),
     }
 
 
-def _row_variants(kernel: Kernel, instances, file_name: str, clip: bool, quant) -> Dict:
-    """For kernels of up to 3 inputs: one 2-D row loop per set of inputs that hold one value
-    per row (a per-pixel slope over NHWC channels), taking those as scalars."""
-    n_in = len(kernel.inputs)
-    if not 1 <= n_in <= 3 or len(kernel.outputs) > 4:
-        return {}
-    variants = {}
-    for mask in range(1, 1 << n_in):
-        scalars = [i for i in range(n_in) if mask >> i & 1]
-        body = {}
-        for ct in instances:
-            lines = body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
-            for i in scalars:
-                lines = [re.sub(rf"^(v\d+) = p{i}\[j\]$", rf"\1 = s{i}", line) for line in lines]
-            body[ct.tag] = lines
-        variants[mask] = {"scalars": scalars, "body": body}
-    return variants
-
-
-@functools.lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                              autoescape=False)
-
-
-def template_digest() -> str:
-    """sha256 over every template file: part of the build cache key."""
-    h = hashlib.sha256()
-    for p in sorted(templates_dir().iterdir()):
-        if p.is_file() and p.suffix in (".j2", ".h"):
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
-
-
-# NumPy's type numbers (its C ABI; the NumPy version is part of the build cache key)
-_NPY = {dt: (np.dtype(dt).num, f"OPK_{code}") for dt, code in
-        (("float16", "F16"), ("float32", "F32"), ("float64", "F64"), ("int8", "I8"), ("int16", "I16"),
-         ("int32", "I32"))}
-
-
-def _number(value: float) -> str:
-    """A Python/Cython literal for a parsed number (never text from the declaration)."""
-    if value != value:
-        return "NAN"
-    if value in (float("inf"), float("-inf")):
-        return "INFINITY" if value > 0 else "-INFINITY"
-    text = repr(float(value))
-    assert re.fullmatch(r"-?[0-9.e+-]+", text), text
-    return text
-
+# ------------------------------------------------------------------------------ the direct call
 
 def _attr_checks(a) -> List[str]:
-    checks = []
-    if a.range is not None:
-        if a.range.low != float("-inf") or a.range.low_open:
-            checks.append(f"{'>' if a.range.low_open else '>='} {_number(a.range.low)}")
-        if a.range.high != float("inf") or a.range.high_open:
-            checks.append(f"{'<' if a.range.high_open else '<='} {_number(a.range.high)}")
-    if a.type == "float":
-        checks.append("== x_" + a.name)  # not NaN
-    if a.quantize is not None:  # its fixed-point multiplier fits 16 bits (opkit.quantize):
-        # |round(v * 2**bits)| <= 32767, with 32767.5 itself rounding (to even) past it
-        checks.append(f"* {float(1 << a.quantize)!r} < 32767.5")
-        checks.append(f"* {float(1 << a.quantize)!r} > -32767.5")
+    """The direct call's tests of an attr: the declaration's conditions (the same the checked
+    call applies), and, for a quantized attr, that its fixed-point multiplier fits 16 bits
+    (|round(v * 2**bits)| <= M_LIMIT: from M_LIMIT + 0.5 on, v rounds past it); calls that fail
+    take the checked path."""
+    checks = [f"{_COMPARE_C[op]} {'x_' + a.name if bound is None else _number(bound)}"
+              for op, bound in a.conditions()]
+    if a.quantize is not None:
+        limit = (M_LIMIT + 0.5) / (1 << a.quantize)
+        checks += [f"< {_number(limit)}", f"> {_number(-limit)}"]
     return checks
 
 
-def fast_context(spec: OpSpec, lowered: Lowered) -> Dict:
+def fast_context(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Optional[Dict]:
     """What the direct call needs, or None when the forward pass is not one plain kernel over
     layout-agnostic inputs (those calls always take the checked path)."""
     steps = lowered.forward.steps
     if len(steps) != 1 or not isinstance(steps[0], Kernel):
         return None
     k = steps[0]
-    if not all(v.startswith("in:") for v in k.inputs) or not all(v.startswith("out:") for v in k.outputs):
+    if not all(v.kind is Kind.INPUT for v in k.inputs) or not all(v.kind is Kind.OUTPUT for v in k.outputs):
         return None
     if spec.layouts[0] != "ND" or any(i.shape or (i.layouts_declared and "ND" not in i.layouts)
                                        for i in spec.inputs):
@@ -356,35 +355,51 @@ def fast_context(spec: OpSpec, lowered: Lowered) -> Dict:
                       "nullable": a.nullable,
                       "null_means": _number(a.null_means) if a.nullable else None,
                       "checks": _attr_checks(a) if a.type != "bool" else []})
-    instances = _instances(spec.dtypes)
-    quant = quantized(spec)
     inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
     return {
-        "kernel": k.name, "n_inputs": len(ins), "n_outputs": len(outs), "n_in": len(k.inputs),
-        "n_ops": len(k.operands), "attrs": attrs,
-        "kernel_inputs": [ins.index(v[3:]) for v in k.inputs],
-        "kernel_outputs": [outs.index(v[4:]) for v in k.outputs],
+        "kernel": next(c for c in kernels if c["name"] == k.name),
+        "n_inputs": len(ins), "n_outputs": len(outs), "attrs": attrs,
+        "kernel_inputs": [ins.index(v.name) for v in k.inputs],
+        "kernel_outputs": [outs.index(v.name) for v in k.outputs],
         "kernel_attrs": list(k.attrs),
-        "fields": {ct.tag: _attr_fields(k, spec, ct, quant) for ct in instances},
-        "dtypes": [{"npy": _NPY[dt][0], "code": _NPY[dt][1]} for dt in spec.dtypes],
-        "instances": instances, "inplace": repr(inplace),
-        "threshold": k.schedule.parallel_threshold, "max_threads": k.schedule.max_threads,
+        # NumPy's type number -> dtype code (NumPy's C ABI: its version is in the cache key)
+        "codes": [(np.dtype(dt).num, DTYPE_CODES[dt]) for dt in spec.dtypes],
+        "inplace": repr(inplace),
     }
 
 
+# ------------------------------------------------------------------------------ the module
+
+@functools.lru_cache(maxsize=1)
+def _environment():
+    import jinja2  # only rendering needs it (a call whose module is built does not)
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              autoescape=False, trim_blocks=True, lstrip_blocks=True)
+
+
+def template_digest() -> str:
+    """sha256 over every template file: part of the build cache key."""
+    h = hashlib.sha256()
+    for p in sorted(templates_dir().iterdir()):
+        if p.is_file() and p.suffix in (".j2", ".h", ".pxd"):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
 def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target) -> str:
-    """The Cython source of the operator's kernel module."""
+    """The Cython source of the operator's kernel module for `target`."""
     file_name = _printable(os.path.basename(spec.file))
     kernels = []
     for plan in (lowered.forward, lowered.backward):
         if plan is None:
             continue
         for k in plan.kernels:
-            role = f"{plan.kind}, writes {', '.join(display(v) for v in k.outputs)}"
-            kernels.append(kernel_context(k, role, spec, file_name, clip=plan.kind == "backward",
-                                          features=target.features))
-    op = {"name": spec.name, "file": _printable(spec.file), "file_name": file_name,
-          "dtypes": spec.dtypes, "passes": _passes(graphs)}
+            role = f"{plan.kind}, writes {', '.join(str(v) for v in k.outputs)}"
+            kernels.append(kernel_context(k, role, spec, lowered.schedule, file_name, target,
+                                          clip=plan.kind == "backward"))
+    op = {"name": spec.name, "file_name": file_name, "dtypes": spec.dtypes,
+          "passes": _passes(graphs)}
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
-        fast=fast_context(spec, lowered))
+        fast=fast_context(spec, lowered, kernels), codes=DTYPE_CODES, max_operands=MAX_OPERANDS)

@@ -1,16 +1,19 @@
-"""Stage 3: graphs → kernel plans (fused kernels, library calls), schedules, listings, costs."""
+"""Stage 3: graphs → kernel plans (fused kernels, library calls), schedules, listings, costs.
+
+Everything here is a pure function of the declaration; the machine (vector width, instruction
+set) enters at codegen."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
 from ..dsl.graph import OpGraphs
+from ..errors import SpecError
 from ..spec.model import OpSpec
-from ..target import Target
-from .fuse import display, fuse
+from .fuse import fuse
 from .integer import check_integer, quantized
 from .listing import Cost, compute_dtype, cost, listing
-from .plan import Instr, Kernel, LibCall, Plan, Schedule
+from .plan import (LOAD, Attr, Const, Instr, Kernel, Kind, LibCall, Plan, Reg, Schedule, Value)
 
 DEFAULT_TILE = 1024
 # Below this many float32 (or float16) elements one thread runs, half as many for float64: an
@@ -30,22 +33,38 @@ class Lowered:
         return self.forward.kernels + (self.backward.kernels if self.backward else ())
 
 
-def make_schedule(spec: OpSpec, target: Target) -> Schedule:
+def make_schedule(spec: OpSpec) -> Schedule:
     s = spec.schedule
     return Schedule(tile=s.tile or DEFAULT_TILE,
                     parallel_threshold=DEFAULT_PARALLEL_THRESHOLD if s.parallel_threshold is None
                     else s.parallel_threshold,
-                    max_threads=s.threads, vector_bytes=target.vector_bytes, isa=target.isa)
+                    max_threads=s.threads)
 
 
-def lower(spec: OpSpec, graphs: OpGraphs, target: Target) -> Lowered:
-    schedule = make_schedule(spec, target)
-    forward = fuse(graphs.forward, schedule, "fwd")
+def lower(spec: OpSpec, graphs: OpGraphs) -> Lowered:
+    forward = fuse(graphs.forward, "fwd")
     if spec.int_dtypes:
         check_integer(spec, forward)
-    backward = fuse(graphs.backward, schedule, "bwd") if graphs.differentiable else None
-    return Lowered(forward, backward, schedule)
+    for out_name, in_name in spec.schedule.inplace:
+        if not inplace_safe(forward, Value.output(out_name), Value.input(in_name)):
+            raise SpecError(f"schedule.inplace: {out_name} cannot overwrite {in_name}: "
+                            f"{in_name} is still read after {out_name} is written",
+                            spec.schedule.loc)
+    backward = fuse(graphs.backward, "bwd") if graphs.differentiable else None
+    return Lowered(forward, backward, make_schedule(spec))
 
 
-__all__ = ["lower", "Lowered", "Plan", "Kernel", "LibCall", "Instr", "Schedule", "listing", "cost",
-           "Cost", "compute_dtype", "display", "make_schedule", "quantized"]
+def inplace_safe(plan: Plan, out: Value, inp: Value) -> bool:
+    """`out` may overwrite `inp` if nothing reads `inp` after the kernel that writes `out`."""
+    writer = next((i for i, s in enumerate(plan.steps)
+                   if isinstance(s, Kernel) and out in s.outputs), None)
+    if writer is None or inp not in plan.steps[writer].inputs:
+        return False
+    readers = [i for i, s in enumerate(plan.steps)
+               if inp in (s.inputs if isinstance(s, Kernel) else s.args)]
+    return all(i <= writer for i in readers)
+
+
+__all__ = ["lower", "Lowered", "Plan", "Kernel", "LibCall", "Instr", "Schedule", "Value", "Kind",
+           "Reg", "Attr", "Const", "LOAD", "listing", "cost", "Cost", "compute_dtype",
+           "make_schedule", "quantized", "inplace_safe"]

@@ -7,6 +7,7 @@ than once per element of the large one, e.g. a per-channel slope).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Set, Tuple
 
 from ..dsl.graph import Graph
@@ -14,7 +15,7 @@ from ..dsl.ir import Node
 from ..dsl.library import LIBRARY
 from ..dsl.primitives import PRIMITIVES
 from ..errors import SpecError
-from .plan import Instr, Kernel, LibCall, Plan, Schedule
+from .plan import LOAD, Attr, Const, Instr, Kernel, LibCall, Plan, Reg, Value
 
 MAX_OPERANDS = 32
 
@@ -31,17 +32,7 @@ def _smaller(inner, outer) -> bool:
     return set(inner) < set(outer)
 
 
-def value_id(kind: str, name: str) -> str:
-    return f"{kind}:{name}"
-
-
-def display(value: str) -> str:
-    """How a value is shown to people: x, y, dx, tmp0."""
-    kind, name = value.split(":", 1)
-    return "tmp" + name if kind == "tmp" else name
-
-
-def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
+def fuse(graph: Graph, prefix: str) -> Plan:
     nodes = graph.nodes()
     mat: Set[int] = set()
     for n in nodes:
@@ -54,51 +45,50 @@ def fuse(graph: Graph, schedule: Schedule, prefix: str) -> Plan:
             elif _computes(a) and _computes(n) and _smaller(a.dims, n.dims):
                 mat.add(id(a))
 
-    # the value id that holds each materialized node, input and library result
-    holder: Dict[int, str] = {id(n): value_id("in", n.name) for n in graph.input_nodes}
-    out_pairs: List[Tuple[str, str]] = []
-    copies: List[Tuple[Node, str]] = []  # outputs that need a kernel of their own
+    # the value that holds each materialized node, input and library result
+    holder: Dict[int, Value] = {id(n): Value.input(n.name) for n in graph.input_nodes}
+    out_pairs: List[Tuple[str, Value]] = []
+    copies: List[Tuple[Node, Value]] = []  # outputs that need a kernel of their own
     claimed: Set[int] = set()
     for name, node in graph.outputs:
-        vid = value_id("out", "d" + name if graph.kind == "backward" else name)
-        out_pairs.append((display(vid), vid))
+        value = Value.output("d" + name if graph.kind == "backward" else name)
+        out_pairs.append((str(value), value))
         if id(node) in claimed or node.op in ("input", "attr", "const"):
-            copies.append((node, vid))
+            copies.append((node, value))
             continue
         claimed.add(id(node))
-        holder[id(node)] = vid
+        holder[id(node)] = value
         if _computes(node):
             mat.add(id(node))
-    temp_count = 0
+    temps: List[Value] = []
     for n in nodes:
         if (id(n) in mat or n.op in LIBRARY) and id(n) not in holder:
-            holder[id(n)] = f"tmp:{temp_count}"
-            temp_count += 1
+            holder[id(n)] = Value.temp(len(temps))
+            temps.append(holder[id(n)])
 
-    steps = _schedule_steps(nodes, mat, copies)
     ordered = []
     k = 0
-    for order, what in steps:
-        outs = [holder[id(r)] for r in what] if order == 0 else None
-        if order == 2:
-            what, outs = [what[0]], [what[1]]
-        if order == 1:
-            ordered.append(LibCall(f"{prefix}lib{len(ordered)}", what.op,
-                                   tuple(_scalar_ref(a) if i in LIBRARY[what.op].scalar_args
-                                         else holder[id(a)] for i, a in enumerate(what.args)),
-                                   what.params, holder[id(what)]))
-        elif order == 2 and id(what[0]) in holder and what[0].op != "input":
+    for step in _schedule_steps(nodes, mat, copies):
+        if isinstance(step, _Call):
+            node = step.node
+            ordered.append(LibCall(f"{prefix}lib{len(ordered)}", node.op,
+                                   tuple(_scalar_ref(a) if i in LIBRARY[node.op].scalar_args
+                                         else holder[id(a)] for i, a in enumerate(node.args)),
+                                   node.params, holder[id(node)]))
+            continue
+        if isinstance(step, _Copy) and id(step.node) in holder and step.node.op != "input":
             # a second output with the value of an earlier one: copy it, do not recompute
-            src = holder[id(what[0])]
-            ordered.append(Kernel(f"{prefix}{k}", (src,), tuple(outs), (),
-                                  (Instr("v0", "load", ("0",), "float"),), ("v0",), schedule))
-            k += 1
+            load = Instr(Reg(0), LOAD, (), "float", slot=0)
+            ordered.append(Kernel(f"{prefix}{k}", (holder[id(step.node)],), (step.output,), (),
+                                  (load,), (load.dst,)))
+        elif isinstance(step, _Copy):
+            ordered.append(_kernel(f"{prefix}{k}", [step.node], [step.output], holder, mat))
         else:
-            ordered.append(_kernel(f"{prefix}{k}", what, outs, holder, mat, schedule))
-            k += 1
-    temps = tuple(sorted({v for v in holder.values() if v.startswith("tmp:")},
-                         key=lambda v: int(v.split(":")[1])))
-    return Plan(graph.kind, graph.inputs, graph.attrs, tuple(out_pairs), tuple(ordered), temps)
+            ordered.append(_kernel(f"{prefix}{k}", step.roots, [holder[id(r)] for r in step.roots],
+                                   holder, mat))
+        k += 1
+    return Plan(graph.kind, graph.inputs, graph.attrs, tuple(out_pairs), tuple(ordered),
+                tuple(temps))
 
 
 def _reads(n: Node, mat: Set[int]) -> List[Node]:
@@ -116,12 +106,27 @@ def _reads(n: Node, mat: Set[int]) -> List[Node]:
     return found
 
 
-def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> List[tuple]:
+@dataclass(frozen=True)
+class _Fused:
+    roots: List[Node]        # materialized values computed in one kernel
+
+
+@dataclass(frozen=True)
+class _Call:
+    node: Node               # a library call
+
+
+@dataclass(frozen=True)
+class _Copy:
+    node: Node               # an output whose value another step already computes (or an
+    output: Value            # input, attr or constant): a kernel of its own writes it
+
+
+def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> list:
     """Group materialized values into as few kernels as possible, in dependency order.
 
     Values on the same dims share a kernel (one pass over memory) unless one needs the other,
-    directly or through a library call, or sharing would make two kernels wait on each other.
-    Returns (0, [roots]) kernels, (1, node) library calls and (2, (node, output)) copies."""
+    directly or through a library call, or sharing would make two kernels wait on each other."""
     producers = [n for n in nodes if id(n) in mat or n.op in LIBRARY]
     deps = {id(n): {id(r) for r in _reads(n, mat) if r.op != "input"} for n in producers}
     group_of: Dict[int, int] = {}
@@ -163,24 +168,24 @@ def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> List[tuple]:
     need = {gi: {group_of[d] for m in members for d in deps[id(m)]} - {gi}
             for gi, members in enumerate(groups)}
     done: Set[int] = set()
-    steps: List[tuple] = []
+    steps: list = []
     while len(done) < len(groups):
         ready = [gi for gi in range(len(groups)) if gi not in done and need[gi] <= done]
         gi = ready[0]
         done.add(gi)
         members = groups[gi]
-        steps.append((1, members[0]) if members[0].op in LIBRARY else (0, members))
-    steps.extend((2, c) for c in copies)
+        steps.append(_Call(members[0]) if members[0].op in LIBRARY else _Fused(members))
+    steps.extend(_Copy(node, value) for node, value in copies)
     return steps
 
 
-def _scalar_ref(n: Node) -> str:
-    """How a LibCall names a number argument: @attr or #constant."""
-    return "@" + n.name if n.op == "attr" else "#" + repr(n.value)
+def _scalar_ref(n: Node):
+    """A number argument of a LibCall: an attr or a constant."""
+    return Attr(n.name) if n.op == "attr" else Const(n.value)
 
 
-def _kernel(name: str, roots: List[Node], outputs: List[str], holder: Dict[int, str],
-            mat: Set[int], schedule: Schedule) -> Kernel:
+def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int, Value],
+            mat: Set[int]) -> Kernel:
     root_ids = {id(r) for r in roots}
 
     def boundary(n: Node) -> bool:
@@ -205,29 +210,29 @@ def _kernel(name: str, roots: List[Node], outputs: List[str], holder: Dict[int, 
     for r in roots:
         visit(r)
 
-    ssa: Dict[int, str] = {}
+    ssa: Dict[int, object] = {}
     body: List[Instr] = []
-    inputs: List[str] = []
+    inputs: List[Value] = []
     attrs: List[str] = []
     locs = []
     for n in order:
         if n.op == "attr":
-            ssa[id(n)] = "@" + n.name
+            ssa[id(n)] = Attr(n.name)
             if n.name not in attrs:
                 attrs.append(n.name)
         elif n.op == "const":
-            ssa[id(n)] = "#" + repr(n.value)
+            ssa[id(n)] = Const(n.value)
         elif boundary(n) or n.op == "input":
-            vid = holder[id(n)]
-            if vid not in inputs:
-                inputs.append(vid)
-            dst = f"v{len(body)}"
-            body.append(Instr(dst, "load", (str(inputs.index(vid)),), "float"))
-            ssa[id(n)] = dst
+            value = holder[id(n)]
+            if value not in inputs:
+                inputs.append(value)
+            ins = Instr(Reg(len(body)), LOAD, (), "float", slot=inputs.index(value))
+            body.append(ins)
+            ssa[id(n)] = ins.dst
         else:
-            dst = f"v{len(body)}"
-            body.append(Instr(dst, n.op, tuple(ssa[id(a)] for a in n.args), n.kind, None, n.loc))
-            ssa[id(n)] = dst
+            ins = Instr(Reg(len(body)), n.op, tuple(ssa[id(a)] for a in n.args), n.kind, n.loc)
+            body.append(ins)
+            ssa[id(n)] = ins.dst
             if n.loc is not None and n.loc not in locs:
                 locs.append(n.loc)
     if len(inputs) + len(outputs) > MAX_OPERANDS:
@@ -235,4 +240,4 @@ def _kernel(name: str, roots: List[Node], outputs: List[str], holder: Dict[int, 
                         f"at most {MAX_OPERANDS} are supported: split the operator",
                         next((r.loc for r in roots if r.loc is not None), None))
     return Kernel(name, tuple(inputs), tuple(outputs), tuple(attrs), tuple(body),
-                  tuple(ssa[id(r)] for r in roots), schedule, tuple(sorted(locs, key=lambda l: l.line)))
+                  tuple(ssa[id(r)] for r in roots), tuple(sorted(locs, key=lambda l: l.line)))

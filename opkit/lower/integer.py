@@ -13,7 +13,7 @@ from typing import Dict, Optional
 
 from ..errors import SpecError
 from ..spec.model import OpSpec
-from .plan import Instr, Kernel, Plan
+from .plan import LOAD, Attr, Const, Instr, Kernel, Plan
 
 # the primitives an integer kernel computes exactly as written
 INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min", "max", "where", "gt", "ge", "lt", "le",
@@ -30,9 +30,9 @@ def fixed_point_factor(ins: Instr, quant: Dict[str, int]) -> Optional[int]:
     if ins.op != "mul":
         return None
     a, b = ins.args
-    if a.startswith("@") and a[1:] in quant and not b.startswith(("@", "#")):
+    if isinstance(a, Attr) and a.name in quant and not isinstance(b, (Attr, Const)):
         return 1
-    if b.startswith("@") and b[1:] in quant and not a.startswith(("@", "#")):
+    if isinstance(b, Attr) and b.name in quant and not isinstance(a, (Attr, Const)):
         return 0
     return None
 
@@ -46,7 +46,7 @@ def check_integer(spec: OpSpec, plan: Plan) -> None:
             raise SpecError(f"inputs: {dtypes} declared, but forward needs {step.prim}, which has no "
                             "integer form; declare float dtypes only", spec.loc)
         for ins in step.body:
-            if ins.op == "load":
+            if ins.op == LOAD:
                 continue
             where = ins.loc or spec.loc
             if ins.op not in INTEGER_OPS:
@@ -55,12 +55,12 @@ def check_integer(spec: OpSpec, plan: Plan) -> None:
             if fixed_point_factor(ins, quant) is not None:
                 continue
             for arg in ins.args:
-                if arg.startswith("#") and arg[1:] not in ("True", "False") and \
-                        not float(arg[1:]).is_integer():
-                    raise SpecError(f"forward: {dtypes} declared, but the constant {arg[1:]} is not "
-                                    "an integer", where)
-                if arg.startswith("@"):
-                    a = spec.attr(arg[1:])
+                if isinstance(arg, Const) and not isinstance(arg.value, bool) and \
+                        not float(arg.value).is_integer():
+                    raise SpecError(f"forward: {dtypes} declared, but the constant {arg.value!r} is "
+                                    "not an integer", where)
+                if isinstance(arg, Attr):
+                    a = spec.attr(arg.name)
                     if a.type == "float":
                         hint = ("; declare it `quantize: 7` to use it as a fixed-point multiplier"
                                 if a.quantize is None else

@@ -5,9 +5,8 @@ from dataclasses import dataclass
 from typing import Dict, List
 
 from ..dsl.primitives import PRIMITIVES, TBE_EXPANSIONS
-from .fuse import display
 from .integer import fixed_point_factor
-from .plan import Kernel
+from .plan import LOAD, Attr, Const, Kernel, Reg
 
 _ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8}
 _TBE_TYPE = {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "s8", "int16": "s16",
@@ -21,12 +20,13 @@ def compute_dtype(dtype: str) -> str:
     return _COMPUTE.get(dtype, dtype)
 
 
-def _operand(name: str) -> str:
-    if name.startswith("@"):
-        return name[1:]
-    if name.startswith("#"):
-        return name
-    return name
+def _text(operand, names) -> str:
+    """An operand as the listing shows it: a register's name, an attr's name, #constant."""
+    if isinstance(operand, Const):
+        return "#" + repr(operand.value)
+    if isinstance(operand, Reg):
+        return names.get(operand, str(operand))
+    return str(operand)
 
 
 def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[str]:
@@ -36,41 +36,40 @@ def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[st
     st = _TBE_TYPE[dtype]
     integer = dtype.startswith("int")
     lines: List[str] = []
-    names = {}
+    names: Dict[Reg, str] = {}   # a loaded register is shown by its array's name
     for ins in kernel.body:
         k = fixed_point_factor(ins, quant or {}) if integer else None
         if k is not None:  # x * m / 2**bits: multiply, round, shift
-            x, attr = names.get(ins.args[k], ins.args[k]), ins.args[1 - k][1:]
+            x, attr = _text(ins.args[k], names), ins.args[1 - k].name
             bits = quant[attr]
-            names[ins.dst] = ins.dst
             lines += [f"vmuls    {ins.dst}, {x}, {attr}.m          ; {attr} = m / 2**{bits}",
                       f"vadds    {ins.dst}, {ins.dst}, #{1 << (bits - 1)}       ; round to nearest",
                       f"vshrs    {ins.dst}, {ins.dst}, #{bits}         ; arithmetic shift"]
             continue
-        if ins.op == "load":
-            src = display(kernel.inputs[int(ins.args[0])])
+        if ins.op == LOAD:
+            src = str(kernel.inputs[ins.slot])
             names[ins.dst] = src
             lines.append(f"vld      {src}, gm.{src}" + ("" if st == ct else f"          ; {st}"))
             if st != ct:
                 lines.append(f"vconv_{st}2{ct} {src}, {src}")
             continue
         p = PRIMITIVES[ins.op]
-        args = [names.get(a, _operand(a)) for a in ins.args]
+        args = [_text(a, names) for a in ins.args]
         mnemonic = p.tbe
         if len(ins.args) == 2 and p.tbe_scalar:
             mnemonic, args = _scalar_form(ins.op, p, ins.args, args)
         if ins.op == "neg":
             mnemonic, args = "vmuls", args + ["#-1"]
-        names[ins.dst] = ins.dst
+        dst = str(ins.dst)
         if mnemonic in TBE_EXPANSIONS:
-            lines.extend(t.format(*args, d=ins.dst) for t in TBE_EXPANSIONS[mnemonic])
+            lines.extend(t.format(*args, d=dst) for t in TBE_EXPANSIONS[mnemonic])
         else:
-            lines.append(f"{mnemonic:<8} {', '.join([ins.dst] + args)}")
+            lines.append(f"{mnemonic:<8} {', '.join([dst] + args)}")
     for out, res in zip(kernel.outputs, kernel.results):
-        src = names.get(res, _operand(res))
+        src = _text(res, names)
         if st != ct:
             lines.append(f"vconv_{ct}2{st} {src}, {src}" + ("     ; saturate" if integer else ""))
-        lines.append(f"vst      gm.{display(out)}, {src}")
+        lines.append(f"vst      gm.{out}, {src}")
     return lines
 
 
@@ -78,10 +77,10 @@ _SWAPPED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
 _COMMUTATIVE = ("add", "mul", "min", "max", "eq", "ne")
 
 
-def _negated(operand: str) -> str:
-    if operand.startswith("#"):
-        return "#" + repr(-float(operand[1:]))
-    return "-" + operand
+def _negated(operand, text: str) -> str:
+    if isinstance(operand, Const):
+        return "#" + repr(-operand.value)
+    return "-" + text
 
 
 def _scalar_form(op: str, p, raw, args):
@@ -89,10 +88,10 @@ def _scalar_form(op: str, p, raw, args):
 
     TBE's scalar forms take the scalar last: a scalar first operand is moved there when the
     operation allows it (x - s becomes vadds x, -s), otherwise the vector form is listed."""
-    scalar = [a.startswith(("@", "#")) for a in raw]
+    scalar = [isinstance(a, (Attr, Const)) for a in raw]
     if scalar == [False, True]:
         if op == "sub":
-            return "vadds", [args[0], _negated(args[1])]
+            return "vadds", [args[0], _negated(raw[1], args[1])]
         return p.tbe_scalar, args
     if scalar == [True, False]:
         if op in _COMMUTATIVE:
@@ -124,9 +123,12 @@ class Cost:
                 f"moved: {self.bound()}-bound")
 
 
-def cost(kernel: Kernel, dtype: str) -> Cost:
-    ops = sum(PRIMITIVES[i.op].cost for i in kernel.body if i.op != "load")
+def cost(kernel: Kernel, dtype: str, vector_bytes: int) -> Cost:
+    """The static cost per element on a target with `vector_bytes`-wide vectors; what is
+    computed from attrs alone runs once per call and is not counted."""
+    once = set(kernel.prologue) if not dtype.startswith("int") else set()
+    ops = sum(PRIMITIVES[i.op].cost for i in kernel.body if i.op != LOAD and i not in once)
     if dtype == "float16":
         ops += len(kernel.operands)  # one conversion per load and store
-    lanes = kernel.schedule.lanes(_ITEMSIZE[compute_dtype(dtype)])
+    lanes = max(vector_bytes // _ITEMSIZE[compute_dtype(dtype)], 1)
     return Cost(ops, _ITEMSIZE[dtype] * len(kernel.operands), lanes)

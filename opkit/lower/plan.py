@@ -1,51 +1,121 @@
-"""The lowered form of a pass: fused elementwise kernels and library calls, in order."""
+"""The lowered form of a pass: fused elementwise kernels and library calls, in order.
+
+A plan is a pure function of the declaration: nothing in it depends on the machine. The target
+(vector width, instruction set) is applied when the plan is rendered (opkit/codegen) and built.
+"""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
 from ..errors import Loc
 
 
+class Kind(enum.Enum):
+    INPUT = "input"     # an input of the pass (in a backward pass also an output gradient dy)
+    OUTPUT = "output"   # a result of the pass (in a backward pass a gradient dx)
+    TEMP = "temp"       # an array between two steps
+
+
+@dataclass(frozen=True)
+class Value:
+    """An array that a step reads or writes."""
+
+    kind: Kind
+    name: str           # the input's or output's name (dx for a gradient), the temp's number
+
+    def __str__(self) -> str:  # how people see it: x, dy, dx, tmp0
+        return f"tmp{self.name}" if self.kind is Kind.TEMP else self.name
+
+    @classmethod
+    def input(cls, name: str) -> "Value":
+        return cls(Kind.INPUT, name)
+
+    @classmethod
+    def output(cls, name: str) -> "Value":
+        return cls(Kind.OUTPUT, name)
+
+    @classmethod
+    def temp(cls, number: int) -> "Value":
+        return cls(Kind.TEMP, str(number))
+
+
+@dataclass(frozen=True)
+class Reg:
+    """A value computed by a kernel body (SSA)."""
+
+    number: int
+
+    def __str__(self) -> str:
+        return f"v{self.number}"
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An attr of the call, a scalar."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Const:
+    """A number or true/false written in the declaration."""
+
+    value: Union[float, bool]
+
+    def __str__(self) -> str:
+        return repr(self.value)
+
+
+Operand = Union[Reg, Attr, Const]
+Scalar = (Attr, Const)   # operands that are the same for every element
+
+LOAD = "load"
+
+
 @dataclass(frozen=True)
 class Instr:
-    """One SSA step of a kernel body: dst = op(args)."""
+    """One SSA step of a kernel body: dst = op(args), or dst = inputs[slot][j] for a LOAD."""
 
-    dst: str                      # v0, v1 ...
-    op: str                       # a primitive name, or "load" / "attr" / "const"
-    args: Tuple[str, ...]         # SSA names (for "load": the operand index as text)
+    dst: Reg
+    op: str                       # a primitive name, or LOAD
+    args: Tuple[Operand, ...]     # () for a LOAD
     kind: str                     # float | bool
-    value: object = None          # the constant of a "const", the attr name of an "attr"
     loc: Optional[Loc] = None
+    slot: int = -1                # LOAD: the index of the kernel input it reads
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """How a kernel runs; it never changes the result (each element is computed the same way)."""
+    """How kernels run, as the declaration says; it never changes a result (each element is
+    computed the same way whatever the split). The vector width comes from the target."""
 
     tile: int                     # elements per tile in the converting / strided path
-    parallel_threshold: int       # below this many elements one thread runs
+    parallel_threshold: int       # below this many float32 elements one thread runs
     max_threads: Optional[int]    # None: every core opkit may use
-    vector_bytes: int             # vector register width of the target
-    isa: str                      # what the kernel is compiled for
 
-    def lanes(self, itemsize: int) -> int:
-        return max(self.vector_bytes // itemsize, 1)
+    def threshold(self, compute_itemsize: int) -> int:
+        """The threshold for a compute type: float64 moves twice the bytes per element of
+        float32, and splits from half as many elements (both measured, docs/performance.md)."""
+        return self.parallel_threshold * 4 // max(compute_itemsize, 4)
 
 
 @dataclass(frozen=True)
 class Kernel:
     name: str                     # fwd0, bwd0 ...
-    inputs: Tuple[str, ...]       # values read (input names or temps)
-    outputs: Tuple[str, ...]      # values written
+    inputs: Tuple[Value, ...]     # arrays read, in slot order
+    outputs: Tuple[Value, ...]    # arrays written
     attrs: Tuple[str, ...]        # attrs the body uses, in argument order
     body: Tuple[Instr, ...]
-    results: Tuple[str, ...]      # the SSA name stored to each output
-    schedule: Schedule
+    results: Tuple[Operand, ...]  # what is stored to each output
     locs: Tuple[Loc, ...] = ()    # declaration lines this kernel comes from
 
     @property
-    def operands(self) -> Tuple[str, ...]:
+    def operands(self) -> Tuple[Value, ...]:
         return self.inputs + self.outputs
 
     @property
@@ -55,24 +125,25 @@ class Kernel:
         float32 only if the product is not rounded on the way)."""
         scalar, out = set(), []
         for ins in self.body:
-            if ins.op != "load" and all(a.startswith(("@", "#")) or a in scalar for a in ins.args):
+            if ins.op != LOAD and all(isinstance(a, Scalar) or a in scalar for a in ins.args):
                 scalar.add(ins.dst)
                 out.append(ins)
         return tuple(out)
 
     @property
-    def prologue_results(self) -> Tuple[str, ...]:
+    def prologue_results(self) -> Tuple[Reg, ...]:
         """The prologue values the element loop reads (the others are steps on the way)."""
         hoisted = {i.dst for i in self.prologue}
-        used = [a for i in self.body if i.dst not in hoisted for a in i.args] + list(self.results)
-        return tuple(d for d in (i.dst for i in self.prologue) if d in used)
+        used = {a for i in self.body if i.dst not in hoisted for a in i.args} | set(self.results)
+        return tuple(i.dst for i in self.prologue if i.dst in used)
 
     @property
     def loop_attrs(self) -> Tuple[str, ...]:
         """The attrs the element loop reads as they are (not only through the prologue)."""
         hoisted = {i.dst for i in self.prologue}
-        used = {a[1:] for i in self.body if i.dst not in hoisted for a in i.args if a[:1] == "@"}
-        used |= {r[1:] for r in self.results if r[:1] == "@"}
+        used = {a.name for i in self.body if i.dst not in hoisted for a in i.args
+                if isinstance(a, Attr)}
+        used |= {r.name for r in self.results if isinstance(r, Attr)}
         return tuple(a for a in self.attrs if a in used)
 
     @property
@@ -87,9 +158,9 @@ class Kernel:
 class LibCall:
     name: str
     prim: str
-    args: Tuple[str, ...]
+    args: Tuple[Union[Value, Attr, Const], ...]   # arrays, or numbers (a resampling factor)
     params: tuple
-    result: str
+    result: Value
 
 
 Step = Union[Kernel, LibCall]
@@ -100,9 +171,9 @@ class Plan:
     kind: str                                 # forward | backward
     inputs: Tuple[str, ...]
     attrs: Tuple[str, ...]
-    outputs: Tuple[Tuple[str, str], ...]      # (output name, value that holds it)
+    outputs: Tuple[Tuple[str, Value], ...]    # (output name, value that holds it)
     steps: Tuple[Step, ...]
-    temps: Tuple[str, ...] = field(default=())
+    temps: Tuple[Value, ...] = field(default=())
 
     @property
     def kernels(self) -> Tuple[Kernel, ...]:

@@ -6,8 +6,8 @@ dtypes and argument types, ValueError for shapes, layouts, values and `out=`.
 from __future__ import annotations
 
 import difflib
-import math
 import numbers
+import operator
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -27,6 +27,8 @@ def dtype_name(dtype: np.dtype) -> str:
 
 
 _KIND = {"float": "a float", "int": "an integer", "bool": "True or False"}
+_COMPARE = {"==": operator.eq, ">": operator.gt, ">=": operator.ge, "<": operator.lt,
+            "<=": operator.le}
 
 
 def _or_list(items: Sequence[str]) -> str:
@@ -39,7 +41,7 @@ class Bound:
     """A checked call: arrays with dim names, dim sizes, attrs and the result dtype."""
 
     layout: str
-    values: Dict[str, Value]            # "in:x" -> (array, names)
+    values: Dict[str, Value]            # input (or output gradient) name -> (array, names)
     sizes: Dict[str, int]
     attrs: Dict[str, object]            # as the kernels take them (null -> null_means)
     dtype: np.dtype                     # the dtype of results
@@ -101,10 +103,11 @@ def check_attrs(spec: OpSpec, given: dict, where: str) -> Dict[str, object]:
             v = int(v)
         else:
             v = float(v)
-        if a.range is not None and v not in a.range:
-            raise ValueError(f"{where}: {a.name} must be in {a.range}, got {v!r}")
-        if a.type == "float" and math.isnan(v):
-            raise ValueError(f"{where}: {a.name} must be a number, got nan")
+        for op, bound in a.conditions():
+            if not _COMPARE[op](v, v if bound is None else bound):
+                if bound is None:
+                    raise ValueError(f"{where}: {a.name} must be a number, got nan")
+                raise ValueError(f"{where}: {a.name} must be in {a.range}, got {v!r}")
         out[a.name] = v
     return out
 
@@ -187,7 +190,7 @@ def _label(name: str, arr: np.ndarray) -> str:
 class Shapes:
     """What a call's shapes and dtypes decide; the same for every call with the same ones."""
 
-    names: Dict[str, Tuple[str, ...]]       # value id -> dim names of its axes
+    names: Dict[str, Tuple[str, ...]]       # input name -> dim names of its axes
     sizes: Dict[str, int]
     outputs: Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...], Optional[str]]]  # .., like input
     dtype: np.dtype
@@ -196,7 +199,7 @@ class Shapes:
 def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str,
             extra: Sequence[Tuple[str, np.ndarray, str]]) -> Shapes:
     names = input_names(spec, arrays, layout, where)
-    values = {f"in:{n}": (arrays[n], names[n]) for n in arrays}
+    values = {n: (arrays[n], names[n]) for n in arrays}
     labels = [_label(n, arrays[n]) for n in arrays]
     # inputs with declared dims (shape: [...] or a 4-d layout) have exactly those sizes; the
     # layout-agnostic ones broadcast by NumPy's rules
@@ -216,9 +219,9 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
     outputs = {}
     for o in spec.outputs:
         if o.like is not None:
-            like_arr, like_names = values[f"in:{o.like}"]
+            like_arr, like_names = values[o.like]
             for i in spec.inputs:
-                arr, nm = values[f"in:{i.name}"]
+                arr, nm = values[i.name]
                 for n, s in zip(nm, arr.shape):
                     pos = n.startswith("@") or i.shape is None
                     if n in like_names:
@@ -245,7 +248,7 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
             if s not in (1, out_shape[out_names.index(n)]):
                 raise ValueError(f"{where}: {_label(name, arr)} must have the shape of output "
                                  f"{like_out} {tuple(out_shape)} (or broadcast to it)")
-        all_names[f"in:{name}"] = nm
+        all_names[name] = nm
         dtype = np.result_type(dtype, arr.dtype)
     return Shapes(all_names, sizes, outputs, dtype)
 
@@ -269,9 +272,9 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
             cache[key] = shapes
-    values = {f"in:{n}": (a, shapes.names[f"in:{n}"]) for n, a in arrays.items()}
+    values = {n: (a, shapes.names[n]) for n, a in arrays.items()}
     for name, arr, _ in extras:
-        values[f"in:{name}"] = (arr, shapes.names[f"in:{name}"])
+        values[name] = (arr, shapes.names[name])
     outputs = {o: (nm, shape, arrays[like] if like else None)
                for o, (nm, shape, like) in shapes.outputs.items()}
     return Bound(layout, values, shapes.sizes, check_attrs(spec, given, where), shapes.dtype, outputs)

@@ -1,33 +1,19 @@
 """Run a lowered plan on checked arrays: allocate, call kernels, run library steps."""
 from __future__ import annotations
 
-from math import prod
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..codegen import DTYPE_CODES, TAG_CODES, instance_tag
+from ..config import get as setting
 from ..dsl import named
 from ..dsl.library import LIBRARY, Context
-from ..lower import Kernel, LibCall, Plan, compute_dtype
-from ..lower import display as display_value
-from ..config import get as setting
+from ..lower import Attr, Const, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides
 
-Value = Tuple[np.ndarray, Tuple[str, ...]]
-
-
-def thread_count(total: int, schedule, double: bool = False) -> int:
-    # the threshold counts float32 (and float16) elements; float64 moves twice the bytes per
-    # element, so it splits from half as many (both measured: DESIGN.md, docs/performance.md)
-    threshold = schedule.parallel_threshold // 2 if double else schedule.parallel_threshold
-    if total < max(threshold, 2):
-        return 1
-    n = setting("num_threads")
-    if schedule.max_threads:
-        n = min(n, schedule.max_threads)
-    return max(1, min(n, total // 1024 or 1))
+Array = Tuple[np.ndarray, Tuple[str, ...]]   # an array and the dim names of its axes
 
 
 class Executor:
@@ -37,26 +23,26 @@ class Executor:
         self.plan = plan
         self.where = where
         self._geometries: Dict[tuple, np.ndarray] = {}  # kernel geometry per operand layout
-        self.readers: Dict[str, List[int]] = {}
+        self.readers: Dict[Value, List[int]] = {}
         for i, step in enumerate(plan.steps):
             for v in (step.inputs if isinstance(step, Kernel) else step.args):
                 self.readers.setdefault(v, []).append(i)
         # a temp read only by one sum_to that lands in an output can be that output, whenever the
         # call's shapes make the reduction an identity (the common case: nothing is broadcast)
-        self.direct: Dict[str, LibCall] = {}
+        self.direct: Dict[Value, LibCall] = {}
         for i, step in enumerate(plan.steps):
-            if isinstance(step, LibCall) and step.prim == "sum_to" and step.result.startswith("out:"):
+            if isinstance(step, LibCall) and step.prim == "sum_to" and step.result.kind is Kind.OUTPUT:
                 src = step.args[0]
-                if src.startswith("tmp:") and self.readers.get(src) == [i]:
+                if src.kind is Kind.TEMP and self.readers.get(src) == [i]:
                     self.direct[src] = step
 
-    def run(self, bound: Bound, module, out_arrays: Dict[str, np.ndarray],
-            out_dtypes: Dict[str, np.dtype], like: Dict[str, Value],
+    def run(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
+            out_dtypes: Dict[Value, np.dtype], like: Dict[Value, Array],
             clip: Optional[float] = None) -> Dict[str, np.ndarray]:
         """`out_arrays`: caller-given outputs; `like`: (array, names) each output takes its layout
         from; `clip`: clamp every result to [-clip, clip] (backward: gradient clipping), inside
         the kernel that writes it when nothing reduces it afterwards."""
-        env: Dict[str, Value] = dict(bound.values)
+        env: Dict[Value, Array] = {Value.input(n): v for n, v in bound.values.items()}
         results: Dict[str, np.ndarray] = {}
         skipped = set()
         tag = instance_tag(dtype_name(bound.dtype))
@@ -73,14 +59,14 @@ class Executor:
             for vid in step.outputs:
                 if vid in env:
                     continue
-                if vid.startswith("out:"):
+                if vid.kind is Kind.OUTPUT:
                     env[vid] = self._allocate(like[vid], out_dtypes[vid])
                     continue
                 lib = self.direct.get(vid)
                 if lib is not None:
-                    target = env[f"in:{lib.params[0]}"]
+                    target = env[Value.input(lib.params[0])]
                     nm = named.union_names([n for _, n in ins])
-                    sizes = named.dim_sizes(ins, [display_value(v) for v in step.inputs])
+                    sizes = named.dim_sizes(ins, [str(v) for v in step.inputs])
                     shape = tuple(sizes[n] for n in nm)
                     if nm == target[1] and shape == target[0].shape and lib.result not in env:
                         env[vid] = env[lib.result] = self._allocate(target, out_dtypes[lib.result])
@@ -90,7 +76,8 @@ class Executor:
             clips = None
             if clip is not None and self.plan.kind == "backward":
                 # a result that lands in an output as it is gets clamped on store
-                clips = tuple((-clip, clip) if v.startswith("out:") or (v in self.direct and self.direct[v].name in skipped)
+                clips = tuple((-clip, clip) if v.kind is Kind.OUTPUT or
+                              (v in self.direct and self.direct[v].name in skipped)
                               else (-np.inf, np.inf) for v in step.outputs)
             self._kernel(step, env, bound, module, tag, any(v in out_arrays for v in step.outputs), clips)
         for out_name, vid in self.plan.outputs:
@@ -98,68 +85,66 @@ class Executor:
         return results
 
     @staticmethod
-    def _allocate(like: Value, dtype) -> Value:
+    def _allocate(like: Array, dtype) -> Array:
         arr, names = like
         return np.empty_like(arr, dtype=dtype), names
 
     @staticmethod
-    def _temp(ins: List[Value], labels, dtype) -> Value:
+    def _temp(ins: List[Array], labels, dtype) -> Array:
         nm = named.union_names([n for _, n in ins])
-        sizes = named.dim_sizes(ins, [display_value(v) for v in labels])
+        sizes = named.dim_sizes(ins, [str(v) for v in labels])
         return np.empty(tuple(sizes[n] for n in nm), dtype=dtype), nm
 
-    def _kernel(self, k: Kernel, env: Dict[str, Value], bound: Bound, module, tag: str,
+    def _kernel(self, k: Kernel, env: Dict[Value, Array], bound: Bound, module, tag: str,
                 warm: bool, clips=None) -> None:
         out_arr, iter_names = env[k.outputs[0]]
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
         ccode = TAG_CODES[tag]
-        key = (k.name, iter_names, out_arr.shape, warm, ccode,
+        key = (k.name, iter_names, out_arr.shape, ccode,
                tuple((arr.shape, arr.strides, arr.dtype, nm) for arr, nm in operands))
         geom = self._geometries.get(key)
         if geom is None:
-            geom = self._geometry(k, operands, iter_names, out_arr.shape, warm, ccode)
+            geom = self._geometry(k, operands, iter_names, out_arr.shape, ccode)
             if len(self._geometries) >= 256:
                 self._geometries.clear()
             self._geometries[key] = geom
-        total = prod(out_arr.shape)
-        if total == 0:
+        if out_arr.size == 0:
             return
         fn = getattr(module, f"{k.name}_{tag}")
         args = (geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
-                thread_count(total, k.schedule, tag == "d"), warm)
+                setting("num_threads"), warm)
         fn(*args, clips) if clips is not None else fn(*args)
 
-    def _geometry(self, k: Kernel, operands, iter_names, iter_shape, warm: bool,
-                  ccode: int) -> np.ndarray:
+    def _geometry(self, k: Kernel, operands, iter_names, iter_shape, ccode: int) -> np.ndarray:
         strides = []
         for (arr, nm), vid in zip(operands, k.operands):
             for n, s in zip(nm, arr.shape):
                 if n not in iter_names and s != 1 or (n in iter_names and s not in (1, iter_shape[iter_names.index(n)])):
-                    raise ValueError(f"{self.where}: {display_value(vid)} of shape {arr.shape} does "
+                    raise ValueError(f"{self.where}: {vid} of shape {arr.shape} does "
                                      f"not fit the result's shape {iter_shape}")
             strides.append(tuple(operand_strides(arr, nm, iter_names, iter_shape)))
         geom = geometry(tuple(iter_shape), tuple(strides),
                         tuple(DTYPE_CODES[dtype_name(arr.dtype)] for arr, _ in operands),
-                        tuple(arr.itemsize for arr, _ in operands), len(k.outputs), ccode, warm)
+                        tuple(arr.itemsize for arr, _ in operands), len(k.outputs), ccode)
         geom.flags.writeable = False
         return geom
 
     def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like, clip=None) -> None:
-        ctx = Context({k[3:]: v for k, v in env.items() if k.startswith("in:")})
+        ctx = Context(bound.values)
         compute = np.dtype(compute_dtype(dtype_name(bound.dtype)))
         args = []
         for a in step.args:
-            if a.startswith("@"):
-                args.append((np.asarray(bound.attrs[a[1:]]), ()))
-            elif a.startswith("#"):
-                args.append((np.asarray(float(a[1:])), ()))
+            if isinstance(a, Attr):
+                args.append((np.asarray(bound.attrs[a.name]), ()))
+            elif isinstance(a, Const):
+                args.append((np.asarray(float(a.value)), ()))
             else:
                 arr, nm = env[a]
                 # library calls compute in the compute dtype, like kernels: never in float16
                 args.append((arr.astype(compute) if arr.dtype.itemsize < compute.itemsize else arr, nm))
         arr, nm = LIBRARY[step.prim].run(ctx, args, step.params)
         arr = np.asarray(arr)  # kernels take arrays, never NumPy scalars
-        if step.result.startswith("out:"):
+        if step.result.kind is Kind.OUTPUT:
             if step.result not in env:
                 env[step.result] = self._allocate(like[step.result], out_dtypes[step.result])
             dst, dst_names = env[step.result]

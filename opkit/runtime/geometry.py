@@ -17,15 +17,14 @@ _MIN_TRANSPOSE = 8
 
 
 def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequence[int],
-             itemsizes: Sequence[int], nout: int, ccode: int, stream: bool = False) -> np.ndarray:
+             itemsizes: Sequence[int], nout: int, ccode: int) -> np.ndarray:
     """The intp array opk_walk reads (templates/opkit_kernel.h):
-    [ndim, nops, nout, tdim, ccode, stream, shape..., strides[op][dim]..., codes...].
+    [ndim, nops, nout, tdim, ccode, shape..., strides[op][dim]..., codes...].
 
     The outputs are the last `nout` operands; the first of them leads: the iteration follows
     its memory order. When an input is contiguous along another dim than the output (an NCHW
     array written into NHWC memory), `tdim` names that dim and the kernel walks in blocks,
-    transposing through a buffer, so both sides are read and written in their own order.
-    `stream`: the outputs are memory the caller gave (out=), worth writing with streaming stores."""
+    transposing through a buffer, so both sides are read and written in their own order."""
     nops = len(strides)
     lead = nops - nout
     dims = [d for d, n in enumerate(shape) if n != 1]
@@ -47,7 +46,7 @@ def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequ
         out_shape = [1]
         out_strides = [[0] for _ in range(nops)]
     tdim = _transposed_dim(out_shape, out_strides, itemsizes, lead)
-    flat = [len(out_shape), nops, nout, tdim, ccode, int(stream)] + out_shape
+    flat = [len(out_shape), nops, nout, tdim, ccode] + out_shape
     for s in out_strides:
         flat.extend(s)
     flat.extend(codes)

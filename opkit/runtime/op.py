@@ -14,23 +14,11 @@ from .bind import dtype_name
 from .precision import apply_mode, quantized_attrs
 from ..codegen import render
 from ..dsl.graph import OpGraphs
-from ..errors import SpecError
-from ..lower import Kernel, Lowered, lower
+from ..lower import Lowered, Value, lower
 from ..spec.model import OpSpec
 from .bind import Bound, bind, split_args
 from .execute import Executor
 from .scalars import check_scalars
-
-
-def _inplace_safe(plan, out_vid: str, in_vid: str) -> bool:
-    """y may overwrite x if nothing reads x after the kernel that writes y."""
-    writer = next((i for i, s in enumerate(plan.steps)
-                   if isinstance(s, Kernel) and out_vid in s.outputs), None)
-    if writer is None or in_vid not in plan.steps[writer].inputs:
-        return False
-    readers = [i for i, s in enumerate(plan.steps)
-               if in_vid in (s.inputs if isinstance(s, Kernel) else s.args)]
-    return all(i <= writer for i in readers)
 
 
 def check_clip(clip, where: str) -> Optional[float]:
@@ -47,7 +35,9 @@ def check_clip(clip, where: str) -> Optional[float]:
 class Op:
     """A registered operator: `op(x, ...)`, `op.backward(dy, x, ...)`, `op.spec`, `op.name`."""
 
-    def __init__(self, spec: OpSpec, graphs: OpGraphs):
+    def __init__(self, spec: OpSpec, graphs: OpGraphs, lowered: Optional[Lowered] = None):
+        """Nothing is compiled, probed or (unless `lowered` is given) lowered here: operators
+        cost nothing until they are called."""
         self.spec = spec
         self.name = spec.name
         self.graphs = graphs
@@ -57,16 +47,8 @@ class Op:
         self._fast: Dict[str, object] = {}  # isa -> the module's direct call, if it has one
         self._shapes: Dict[tuple, object] = {}  # what calls with the same shapes decided
         self._builds: Dict[str, BuildResult] = {}
-        self._lowered: Dict[str, Lowered] = {}
-        plan = self.lowered().forward
-        for out_name, in_name in spec.schedule.inplace:
-            if not _inplace_safe(plan, f"out:{out_name}", f"in:{in_name}"):
-                raise SpecError(f"schedule.inplace: {out_name} cannot overwrite {in_name}: "
-                                f"{in_name} is still read after {out_name} is written",
-                                spec.schedule.loc)
-        self._fwd = Executor(plan, f"{self.name}()")
-        bwd = self.lowered().backward
-        self._bwd = Executor(bwd, f"{self.name}.backward()") if bwd is not None else None
+        self._lowered = lowered
+        self._executors: Optional[Tuple[Executor, Optional[Executor]]] = None
 
     def __repr__(self) -> str:
         ins = ", ".join(self.spec.input_names)
@@ -75,17 +57,33 @@ class Op:
 
     # ------------------------------------------------------------------ pipeline
 
-    def lowered(self, isa: str = "") -> Lowered:
-        target = toolchain(isa).target  # with the vector width the compiler really uses
-        with self._lock:
-            if target.isa not in self._lowered:
-                self._lowered[target.isa] = lower(self.spec, self.graphs, target)
-            return self._lowered[target.isa]
+    def lowered(self) -> Lowered:
+        """The kernel plans: a pure function of the declaration, the same on every machine."""
+        if self._lowered is None:
+            with self._lock:
+                if self._lowered is None:
+                    self._lowered = lower(self.spec, self.graphs)
+        return self._lowered
+
+    @property
+    def _fwd(self) -> Executor:
+        return self._run_plans()[0]
+
+    @property
+    def _bwd(self) -> Optional[Executor]:
+        return self._run_plans()[1]
+
+    def _run_plans(self) -> Tuple[Executor, Optional[Executor]]:
+        if self._executors is None:
+            lowered = self.lowered()
+            bwd = lowered.backward
+            self._executors = (Executor(lowered.forward, f"{self.name}()"),
+                               Executor(bwd, f"{self.name}.backward()") if bwd is not None else None)
+        return self._executors
 
     def source(self, isa: str = "") -> str:
-        """The generated Cython module."""
-        tc = toolchain(isa)
-        return render(self.spec, self.graphs, self.lowered(tc.target.isa), tc.target)
+        """The generated Cython module for `isa` (default: the isa setting)."""
+        return render(self.spec, self.graphs, self.lowered(), toolchain(isa).target)
 
     def build(self, force: bool = False, isa: str = "") -> BuildResult:
         """Compile the kernels into the cache (a cache hit does no work)."""
@@ -113,7 +111,7 @@ class Op:
 
     # ------------------------------------------------------------------ calls
 
-    def _prepare_out(self, out, bound: Bound, where: str) -> Dict[str, np.ndarray]:
+    def _prepare_out(self, out, bound: Bound, where: str) -> Dict[Value, np.ndarray]:
         outputs = self.spec.outputs
         if isinstance(out, tuple):
             outs = out
@@ -137,7 +135,7 @@ class Op:
                 raise ValueError(f"{where}: {label} must have shape {tuple(shape)}, got {arr.shape}")
             if not arr.flags.writeable:
                 raise ValueError(f"{where}: {label} is read-only")
-            result[f"out:{o.name}"] = arr
+            result[Value.output(o.name)] = arr
         arrs = list(result.values())
         for i in range(len(arrs)):
             for j in range(i + 1, len(arrs)):
@@ -148,17 +146,17 @@ class Op:
     def _resolve_overlap(self, bound: Bound, outs: Dict[str, np.ndarray]) -> None:
         """An input sharing memory with an out array is copied first, unless it is exactly the
         same array and the declaration lets that output overwrite it (schedule.inplace)."""
-        inplace = {(f"out:{o}", f"in:{i}") for o, i in self.spec.schedule.inplace}
+        inplace = {(Value.output(o), i) for o, i in self.spec.schedule.inplace}
         for vid, out_arr in outs.items():
-            for in_vid, (arr, names) in list(bound.values.items()):
+            for name, (arr, names) in list(bound.values.items()):
                 if not np.may_share_memory(out_arr, arr):
                     continue
                 same = (arr.__array_interface__["data"][0] == out_arr.__array_interface__["data"][0]
                         and arr.shape == out_arr.shape and arr.strides == out_arr.strides
                         and arr.dtype == out_arr.dtype)
-                if same and (vid, in_vid) in inplace:
+                if same and (vid, name) in inplace:
                     continue
-                bound.values[in_vid] = (arr.copy(order="K"), names)
+                bound.values[name] = (arr.copy(order="K"), names)
 
     @staticmethod
     def _aligned(bound: Bound) -> None:
@@ -167,7 +165,7 @@ class Op:
                 bound.values[vid] = (arr.copy(order="K"), names)
 
     @staticmethod
-    def _stage_outs(outs: Dict[str, np.ndarray], dtype: np.dtype) -> Dict[str, np.ndarray]:
+    def _stage_outs(outs: Dict[Value, np.ndarray], dtype: np.dtype) -> Dict[Value, np.ndarray]:
         """Plain, aligned, native-order arrays for the kernels to write: subclasses (np.memmap
         ...) are written through a base-class view; unaligned or byte-swapped outputs get a
         buffer of their own, copied into them after the run."""
@@ -179,13 +177,13 @@ class Op:
             kernel_outs[vid] = base
         return kernel_outs
 
-    def _like(self, bound: Bound) -> Dict[str, tuple]:
+    def _like(self, bound: Bound) -> Dict[Value, tuple]:
         like = {}
         for o in self.spec.outputs:
             out_names, shape, like_arr = bound.outputs[o.name]
             if like_arr is None:
                 like_arr = np.broadcast_to(np.empty((), bound.dtype), shape)
-            like[f"out:{o.name}"] = (like_arr, out_names)
+            like[Value.output(o.name)] = (like_arr, out_names)
         return like
 
     def __call__(self, *args, out=None, layout: Optional[str] = None,
@@ -226,7 +224,7 @@ class Op:
         for vid, arr in given.items():
             if not np.may_share_memory(arr, outs[vid]):  # a buffer of its own (_stage_outs)
                 np.copyto(arr, outs[vid])
-            results[vid[4:]] = arr  # the caller's own object, whatever its type
+            results[vid.name] = arr  # the caller's own object, whatever its type
         values = tuple(results[o.name] for o in self.spec.outputs)
         return values[0] if len(values) == 1 else values
 
@@ -258,7 +256,7 @@ class Op:
             kwargs[name] = c
         bound = self._prepare(args, kwargs, layout, precision_mode, where,
                               [(n, o.name) for n, o in zip(cot_names, outputs)])
-        ints = [n for n in self.spec.input_names if bound.values[f"in:{n}"][0].dtype.kind in "iu"]
+        ints = [n for n in self.spec.input_names if bound.values[n][0].dtype.kind in "iu"]
         if ints or dtype_name(bound.dtype) in INT_DTYPES:
             raise TypeError(f"{where}: integer calls have no gradient ({', '.join(ints) or 'dy'} "
                             "is an integer array); pass float arrays")
@@ -266,9 +264,9 @@ class Op:
         self._aligned(bound)
         like, dtypes = {}, {}
         for name in self.graphs.differentiable:
-            arr, names = bound.values[f"in:{name}"]
-            like[f"out:d{name}"] = (arr, names)
-            dtypes[f"out:d{name}"] = arr.dtype  # a gradient takes its input's dtype
+            arr, names = bound.values[name]
+            like[Value.output("d" + name)] = (arr, names)
+            dtypes[Value.output("d" + name)] = arr.dtype  # a gradient takes its input's dtype
         results = self._bwd.run(bound, self.module(), {}, dtypes, like, clip)
         return tuple(results.get(f"d{n}") for n in self.spec.input_names)
 

@@ -16,7 +16,7 @@ from typing import Dict, List
 import numpy as np
 
 from ..dsl.primitives import PRIMITIVES
-from ..lower import Plan, compute_dtype
+from ..lower import Attr, Const, Plan, compute_dtype
 from ..spec.model import OpSpec
 from .bind import dtype_name
 
@@ -35,19 +35,16 @@ def vanishes(v: float) -> bool:
     return v != 0 and abs(v) <= FLOAT32_VANISH
 
 
-def _operand(arg: str, values: Dict[str, float], attrs: Dict[str, object]) -> float:
-    if arg.startswith("@"):
-        return attrs[arg[1:]]
-    if arg.startswith("#"):
-        text = arg[1:]
-        return text == "True" if text in ("True", "False") else float(text)
+def _operand(arg, values: Dict, attrs: Dict[str, object]):
+    if isinstance(arg, Attr):
+        return attrs[arg.name]
+    if isinstance(arg, Const):
+        return arg.value
     return values[arg]
 
 
-def _text(arg: str, texts: Dict[str, str]) -> str:
-    if arg.startswith(("@", "#")):
-        return arg[1:]
-    return texts[arg]
+def _text(arg, texts: Dict) -> str:
+    return texts[arg] if arg in texts else str(arg)
 
 
 def _advice(dtype: str) -> str:
@@ -72,8 +69,8 @@ def check_scalars(spec: OpSpec, plan: Plan, attrs: Dict[str, object], dtype: np.
             if vanishes(v):
                 raise ValueError(f"{where}: {a}={v!r} rounds to 0 in {_advice(name)}, or a value "
                                  f"of {a} of magnitude 1.4e-45 or more")
-        values: Dict[str, float] = {}
-        texts: Dict[str, str] = {}
+        values: Dict = {}
+        texts: Dict = {}
         crossing = kernel.prologue_results
         for ins in kernel.prologue:
             args = [_operand(a, values, attrs) for a in ins.args]
@@ -86,7 +83,7 @@ def check_scalars(spec: OpSpec, plan: Plan, attrs: Dict[str, object], dtype: np.
                               else f"-{parts[0]}" if ins.op == "neg"
                               else f"{ins.op}({', '.join(parts)})")
             if ins.kind == "float" and ins.dst in crossing and overflows(values[ins.dst]):
-                used = sorted({a[1:] for a in _attrs_of(ins.dst, kernel.prologue)})
+                used = sorted(set(_attrs_of(ins.dst, kernel.prologue)))
                 given = ", ".join(f"{a}={attrs[a]!r}" for a in used)
                 line = f" ({ins.loc})" if ins.loc else ""
                 raise ValueError(f"{where}: {texts[ins.dst]}{line} is {values[ins.dst]:.6g} with "
@@ -94,14 +91,14 @@ def check_scalars(spec: OpSpec, plan: Plan, attrs: Dict[str, object], dtype: np.
                                  f"{' or '.join(used)}")
 
 
-def _attrs_of(dst: str, prologue) -> List[str]:
-    """The attrs (as @name) a prologue value is computed from."""
+def _attrs_of(dst, prologue) -> List[str]:
+    """The names of the attrs a prologue value is computed from."""
     by_dst = {i.dst: i for i in prologue}
     found, stack = [], [dst]
     while stack:
         for a in by_dst[stack.pop()].args:
-            if a.startswith("@"):
-                found.append(a)
-            elif not a.startswith("#"):
+            if isinstance(a, Attr):
+                found.append(a.name)
+            elif not isinstance(a, Const):
                 stack.append(a)
     return found

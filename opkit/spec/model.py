@@ -83,6 +83,21 @@ class AttrSpec:
     def nullable(self) -> bool:
         return self.null_means is not None
 
+    def conditions(self) -> Tuple[Tuple[str, Optional[float]], ...]:
+        """What a call's number must satisfy beyond its type, as comparisons `value OP bound`;
+        a bound of None compares the value with itself (it is not NaN). The checked call
+        (runtime/bind.py) and the generated direct call both test exactly these."""
+        out: list = []
+        r = self.range
+        if r is not None:
+            if r.low != -math.inf or r.low_open:
+                out.append((">" if r.low_open else ">=", r.low))
+            if r.high != math.inf or r.high_open:
+                out.append(("<" if r.high_open else "<=", r.high))
+        if self.type == "float":
+            out.append(("==", None))  # last: NaN fails a range first, and is named there
+        return tuple(out)
+
 
 @dataclass(frozen=True)
 class OutputSpec:

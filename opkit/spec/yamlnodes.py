@@ -51,14 +51,6 @@ class YNode:
         start, line, col = max((p for p in self.pieces if p[0] <= offset), default=self.pieces[0])
         return Loc(self.loc.file, line, col + max(offset - start, 0))
 
-    def plain(self) -> Any:
-        """The value with locations stripped (for canonical hashing and display)."""
-        if isinstance(self.value, dict):
-            return {k: v.plain() for k, v in self.value.items()}
-        if isinstance(self.value, list):
-            return [v.plain() for v in self.value]
-        return self.value
-
 
 def _loc(node: yaml.Node, file: str) -> Loc:
     return Loc(file, node.start_mark.line + 1, node.start_mark.column + 1)

@@ -306,7 +306,7 @@ def validate_op(op, dtypes: Optional[List[str]] = None, seed: int = 0) -> Report
             for name, g in zip(spec.input_names, grads):
                 if name not in graphs.differentiable:
                     continue
-                arr, names = bbound.values[f"in:{name}"]
+                arr, names = bbound.values[name]
                 bwd.add(g, shaped(gref[name], names, arr.shape), dtype, f"{case.label} d{name}")
             nb += 1
         check = _check(f"forward {dtype}", len(cases), fwd)

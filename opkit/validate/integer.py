@@ -25,7 +25,7 @@ def evaluate_int(spec: OpSpec, graph: Graph, values: Dict[str, tuple], attrs: Di
     fixed: Dict[int, tuple] = {}  # node id of a quantized attr -> (m, bits)
     for n in graph.nodes():
         if n.op == "input":
-            arr, nm = values[f"in:{n.name}"]
+            arr, nm = values[n.name]
             env[id(n)] = (arr.astype(np.int64), nm)
         elif n.op == "attr":
             v = attrs[n.name]

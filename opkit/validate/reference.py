@@ -15,13 +15,13 @@ Value = Tuple[np.ndarray, Tuple[str, ...]]
 
 def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
              masks: Optional[List[np.ndarray]] = None, dtype=np.float64) -> Dict[str, Value]:
-    """Outputs of `graph` for inputs `values` ("in:x" -> (array, names)) in float64 (or in
+    """Outputs of `graph` for inputs `values` (name -> (array, names)) in float64 (or in
     `dtype`: the benchmark's plain-NumPy run of the same formula).
 
     With `masks`, every true/false intermediate is appended to it (to detect kinks)."""
     env: Dict[int, Value] = {}
     dtype = np.dtype(dtype)
-    inputs = {k[3:]: (v[0].astype(dtype, copy=False), v[1]) for k, v in values.items()}
+    inputs = {k: (v[0].astype(dtype, copy=False), v[1]) for k, v in values.items()}
     ctx = Context(inputs, accumulate=np.float64 if dtype == np.float64 else None)
     with np.errstate(all="ignore"):
         for n in graph.nodes():

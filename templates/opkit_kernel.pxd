@@ -1,0 +1,75 @@
+# What every generated kernel module cimports: the C support header's declarations and the
+# small Cython helpers that are the same for every operator (templates/opkit_kernel.h holds the
+# machinery itself). The module defines the dtype codes before this is included.
+
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t, uint64_t
+
+cdef extern from "opkit_kernel.h" nogil:
+    ctypedef float* opk_fp
+    ctypedef const float* opk_cfp
+    ctypedef double* opk_dp
+    ctypedef const double* opk_cdp
+    ctypedef int32_t* opk_ip
+    ctypedef const int32_t* opk_cip
+    ctypedef int64_t* opk_lp
+    ctypedef const int64_t* opk_clp
+    ctypedef void (*opk_tile_fn)(Py_ssize_t, char* const*, const void*) noexcept nogil
+    ctypedef void (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
+    ctypedef struct opk_kernel:
+        opk_tile_fn tile
+        opk_rows_fn rows
+        uint64_t row_masks
+        const void* ctx
+        int nin, nops, ccode
+        Py_ssize_t tile_len
+        int stream
+    int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_F16_HW
+    enum: OPK_MAXOPS
+    int32_t opk_qmul_i(int32_t x, int32_t m, int bits)
+    int64_t opk_qmul_l(int64_t x, int64_t m, int bits)
+    bint opk_overflows_f(double v)
+    bint opk_vanishes_f(double v)
+    int opk_run(const Py_ssize_t* g, char** base, const opk_kernel* k, int available,
+                Py_ssize_t threshold, int max_threads)
+    int opk_run_flat(Py_ssize_t n, char** ptr, const Py_ssize_t* step, const int* code,
+                     const opk_kernel* k, int available, Py_ssize_t threshold, int max_threads)
+
+
+cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row_masks,
+                                const void* ctx, int nin, int nops, int ccode,
+                                Py_ssize_t tile_len, bint stream) noexcept nogil:
+    cdef opk_kernel k
+    k.tile, k.rows, k.row_masks, k.ctx = tile, rows, row_masks, ctx
+    k.nin, k.nops, k.ccode, k.tile_len, k.stream = nin, nops, ccode, tile_len, stream
+    return k
+
+
+cdef inline int opk_run_arrays(cnp.ndarray geom, tuple arrays, const opk_kernel* k, int nthreads,
+                               Py_ssize_t threshold, int max_threads) except -1:
+    """A kernel over the geometry built by opkit.runtime.geometry; arrays = inputs + outputs."""
+    cdef char* base[OPK_MAXOPS]
+    cdef int o, failed
+    for o in range(k.nops):
+        base[o] = <char*>cnp.PyArray_DATA(<cnp.ndarray>arrays[o])
+    with nogil:
+        failed = opk_run(<const Py_ssize_t*>cnp.PyArray_DATA(geom), base, k, nthreads, threshold,
+                         max_threads)
+    if failed:
+        raise MemoryError("opkit: no memory for a kernel's tile buffers")
+    return 0
+
+
+cdef inline bint opk_plain(object a):
+    """An exact ndarray, C-contiguous, aligned and in native byte order: the arrays the direct
+    call takes."""
+    return type(a) is cnp.ndarray and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a) and \
+        cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
+
+
+cdef inline bint opk_like(object a, cnp.ndarray a0):
+    """A plain array of a0's dtype and shape."""
+    return opk_plain(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.PyArray_TYPE(a0) and \
+        cnp.PyArray_NDIM(<cnp.ndarray>a) == cnp.PyArray_NDIM(a0) and \
+        cnp.PyArray_CompareLists(cnp.PyArray_DIMS(<cnp.ndarray>a), cnp.PyArray_DIMS(a0),
+                                 cnp.PyArray_NDIM(a0))
