@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 
 Fn = Callable[[], object]
 
@@ -436,6 +436,8 @@ def plot(rows: List[Row], path: str) -> None:
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="time kernels against the copy bandwidth, NumPy and PyTorch")
     b.add_argument("names", nargs="*", help="operators to time (default: the performance targets)")
+    from .cli import add_path_option
+    add_path_option(b)
     b.add_argument("--sizes", default="16,64K,16M", help="elements per input, e.g. 16,64K,16M")
     b.add_argument("--dtypes", default="float32,float16", help="comma-separated dtypes")
     b.add_argument("--layouts", default="ND,NCHW,NHWC", help="layouts to try where an operator has them")

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import List, Optional
 
-from . import __version__
+from ._version import __version__
 from .errors import BuildError, SpecError
 
 
@@ -67,9 +67,29 @@ def _table(rows: List[List[str]], header: List[str]) -> str:
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
 
+def _is_path(name: str) -> bool:
+    return os.sep in name or "/" in name or name.endswith((".yaml", ".yml"))
+
+
 def _select(names: List[str]):
+    """The operators named (every registered one without names). A name that is a path to a
+    YAML file or a folder stands for the operators declared there (loaded first)."""
     import opkit
-    return [opkit.get(n) for n in names] if names else [opkit.get(n) for n in opkit.list_ops()]
+    from .registry import REGISTRY
+    if not names:
+        return [opkit.get(n) for n in opkit.list_ops()]
+    ops = []
+    for name in names:
+        known = name in opkit.list_ops()
+        if _is_path(name) or (not known and os.path.exists(name)):
+            ops += [opkit.get(n) for n in opkit.load(name)]
+        elif not known:
+            raise KeyError(REGISTRY.unknown(name, "`opkit list` lists the registered ones; name "
+                                                  "its YAML file or folder instead, add --path "
+                                                  "DIR, or put its folder in OPKIT_PATH"))
+        else:
+            ops.append(opkit.get(name))
+    return ops
 
 
 def _targets(paths: List[str]) -> List[str]:
@@ -94,7 +114,10 @@ def _validated(op, result, revalidate: bool):
         except ValueError:
             pass
     report = validate_op(op).to_dict()
-    write_json_atomic(path, report)
+    try:
+        write_json_atomic(path, report)
+    except OSError:
+        pass  # a read-only cache: the report is printed, just not kept
     return report
 
 
@@ -144,12 +167,23 @@ def cmd_build(args) -> int:
     print(_table(rows, ["operator", "dtypes", "cache", "time", "validation"]))
     print(f"{len(ops)} operator(s) in {time.perf_counter() - t0:.1f}s; cache {_cache_root()}")
     if failures:
-        for name, text in failures:
-            print(f"\n{name}: {text}", file=sys.stderr)
-        print(f"opkit build: {len(failures)} of {len(ops)} operator(s) failed ({failures[0][0]})",
-              file=sys.stderr)
+        print(f"opkit build: error: {_build_failures(failures, len(ops))}", file=sys.stderr)
         return 1
     return 0
+
+
+def _build_failures(failures, total: int) -> str:
+    """The one-line summary; the details of each failed operator go to stderr first, unless
+    every operator failed for one and the same one-line reason (no compiler, no cache)."""
+    failures.sort()
+    texts = {text for _, text in failures}
+    names = ", ".join(name for name, _ in failures)
+    if len(texts) == 1 and len(failures[0][1].splitlines()) <= 1:
+        return f"{names}: {failures[0][1]}" if len(failures) == 1 else \
+            f"{len(failures)} of {total} operator(s) failed: {failures[0][1]}"
+    for name, text in failures:
+        print(f"\n{name}: {text}", file=sys.stderr)
+    return f"{len(failures)} of {total} operator(s) failed ({names}); see above"
 
 
 def _cache_root():
@@ -158,6 +192,7 @@ def _cache_root():
 
 
 def cmd_list(args) -> int:
+    from .registry import REGISTRY
     rows = []
     for op in _select([]):
         s = op.spec
@@ -166,13 +201,25 @@ def cmd_list(args) -> int:
         rows.append([s.name, ins, attrs or "-", ",".join(d.replace("float", "f") for d in s.dtypes),
                      ",".join(s.layouts), s.summary])
     print(_table(rows, ["operator", "inputs", "attrs", "dtypes", "layouts", "summary"]))
+    broken = REGISTRY.broken()
+    if broken:
+        print("\nbroken (not loaded from OPKIT_PATH):")
+        for error in broken:
+            print("  " + str(error).splitlines()[0])
+        where = ", ".join(f"{e.loc.file}:{e.loc.line}" for e in broken if e.loc)
+        print(f"opkit list: error: {len(broken)} declaration file(s) in OPKIT_PATH could not be "
+              f"loaded ({where}); fix them or take them out of OPKIT_PATH", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_show(args) -> int:
-    import opkit
+    print("\n\n".join(_show(op, args.build) for op in _select([args.name])))
+    return 0
+
+
+def _show(op, build: bool) -> str:
     from .lower import cost, listing
-    op = opkit.get(args.name)
     s = op.spec
     out = [f"# {s.name}: {s.summary}", f"# declared in {s.file}", "", "## declaration", "",
            s.source.rstrip(), "", "## forward", "", op.graphs.forward.format()]
@@ -195,7 +242,7 @@ def cmd_show(args) -> int:
     lowered = op.lowered()
     built = None
     try:
-        built = op.build() if args.build else None
+        built = op.build() if build else None
     except BuildError as exc:
         out += ["", f"(build failed: {exc})"]
     vec = (built.meta.get("vectorization", {}) if built else {})
@@ -233,8 +280,7 @@ def cmd_show(args) -> int:
         out.append(built.source_path.read_text())
     else:
         out.append(op.source())
-    print("\n".join(out))
-    return 0
+    return "\n".join(out)
 
 
 def cmd_validate(args) -> int:
@@ -273,15 +319,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.set_defaults(func=cmd_build)
     sub.add_parser("list", help="list registered operators").set_defaults(func=cmd_list)
     s = sub.add_parser("show", help="declaration, derived backward, schedule and generated source")
-    s.add_argument("name")
+    s.add_argument("name", help="an operator, or a YAML file or folder of operators")
+    add_path_option(s)
     s.add_argument("--no-build", dest="build", action="store_false",
                    help="do not compile (no vectorization report)")
     s.set_defaults(func=cmd_show)
     v = sub.add_parser("validate", help="check compiled kernels against the NumPy reference")
-    v.add_argument("names", nargs="*")
+    v.add_argument("names", nargs="*", help="operators, or YAML files or folders (default: all)")
+    add_path_option(v)
     v.set_defaults(func=cmd_validate)
     c = sub.add_parser("clean", help="remove the build cache")
-    c.add_argument("--stale", action="store_true", help="only leftovers of interrupted builds")
+    c.add_argument("--stale", action="store_true", help="only leftovers of builds that are no longer running")
     c.set_defaults(func=cmd_clean)
     try:
         from .bench import add_parser as add_bench
@@ -293,19 +341,42 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 2
     try:
+        _load_paths(args)
         return args.func(args)
-    except (SpecError, BuildError, KeyError, FileNotFoundError, ValueError, TypeError) as exc:
-        if os.environ.get("OPKIT_DEBUG"):
-            raise
-        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        lines = str(text).splitlines() or [type(exc).__name__]
-        print(f"opkit {args.command}: error: {lines[0]}", file=sys.stderr)
-        for line in lines[1:]:
-            print(f"  {line}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print(f"opkit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # every failure is a one-line reason (OPKIT_DEBUG=1: the traceback)
+        if os.environ.get("OPKIT_DEBUG"):
+            raise
+        _report(args.command, exc)
+        return 1
+
+
+def add_path_option(parser) -> None:
+    parser.add_argument("--path", action="append", default=[], metavar="DIR",
+                        help="load the operators of this folder or YAML file first (repeatable)")
+
+
+def _load_paths(args) -> None:
+    import opkit
+    for path in getattr(args, "path", None) or ():
+        opkit.load(path)
+    if args.command == "bench" and args.names:  # bench takes operator names: resolve paths
+        args.names = [op.name for op in _select(args.names)]
+
+
+def _report(command: str, exc: Exception) -> None:
+    if isinstance(exc, KeyError) and exc.args:
+        text = str(exc.args[0])
+    elif isinstance(exc, (SpecError, BuildError, ValueError, TypeError, OSError)):
+        text = str(exc)
+    else:
+        text = f"internal error: {type(exc).__name__}: {exc} (OPKIT_DEBUG=1 shows the traceback)"
+    lines = text.splitlines() or [type(exc).__name__]
+    print(f"opkit {command}: error: {lines[0]}", file=sys.stderr)
+    for line in lines[1:]:
+        print(f"  {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -23,10 +23,23 @@ class SpecError(ValueError):
     def __init__(self, message: str, loc: Optional[Loc] = None, excerpt: str = ""):
         self.loc = loc
         self.reason = message
+        self.errors = (self,)  # every error this one reports (several for a folder)
         text = f"{loc}: {message}" if loc else message
         if excerpt:
             text += "\n" + excerpt
         super().__init__(text)
+
+    @classmethod
+    def combine(cls, errors: Sequence["SpecError"]) -> "SpecError":
+        """One error that reports each of `errors` (a folder with several bad files)."""
+        if len(errors) == 1:
+            return errors[0]
+        lines = [f"{len(errors)} declarations have errors:"]
+        for error in errors:
+            lines += ["  " + line for line in str(error).splitlines()]
+        combined = cls("\n".join(lines))
+        combined.errors = tuple(errors)
+        return combined
 
 
 class BuildError(RuntimeError):

@@ -1,11 +1,15 @@
 """Cython source → compiled extension module in the cache.
 
 The cache key is a sha256 over the generated source, the templates, the declaration and the
-toolchain (opkit, Cython, NumPy and Python versions, compiler, flags, CPU features). A failed
-compile is reported with the generated line and the declaration line it came from.
+toolchain (opkit, Cython, NumPy and Python versions, compiler, flags, CPU features). Each entry
+also records a content key (the same without the compiler) and the size and sha256 of its files:
+without a compiler, a sound module built for the same content by any compiler is used, and a
+module that does not match its record is never loaded. A failed compile is reported with the
+generated line and the declaration line it came from.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -20,7 +24,7 @@ from typing import List, Optional
 from .._paths import templates_dir
 from ..codegen import template_digest
 from ..errors import BuildError
-from . import cache
+from . import cache, reaper
 from .toolchain import Toolchain
 from .vecreport import parse_report
 
@@ -44,53 +48,97 @@ class BuildResult:
         return self.entry / self.meta["pyx"]
 
     def load(self):
-        return cache.load_module(self.so_path, self.module_name)
+        """Import the module, after checking it against its recorded size and sha256."""
+        problem = cache.verify(self.entry, self.meta)
+        if problem:
+            raise BuildError(f"the cached module {self.so_path} is damaged ({problem}); build it "
+                             "again (`opkit build`, or call the operator again)")
+        try:
+            return cache.load_module(self.so_path, self.module_name)
+        except ImportError as exc:
+            raise BuildError(f"cannot load the cached module {self.so_path}: {exc}; remove it "
+                             "with `opkit clean` and build again") from None
 
 
-def key_for(name: str, source: str, spec_canonical: dict, tc: Toolchain) -> str:
-    return cache.cache_key({
+def _material(name: str, source: str, spec_canonical: dict, toolchain_material: dict) -> dict:
+    return {
         "name": name,
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "templates": template_digest(),
         "spec": spec_canonical,
-        "toolchain": tc.key_material(),
-    })
+        "toolchain": toolchain_material,
+    }
 
 
-def _hit(name: str, key: str, entry: Path) -> Optional[BuildResult]:
+def key_for(name: str, source: str, spec_canonical: dict, tc: Toolchain) -> str:
+    return cache.cache_key(_material(name, source, spec_canonical, tc.key_material()))
+
+
+def content_key(name: str, source: str, spec_canonical: dict, tc: Toolchain) -> str:
+    """The key of what is built, whatever compiler builds it."""
+    return cache.cache_key(_material(name, source, spec_canonical, tc.content_material()))
+
+
+def _result(name: str, entry: Path, meta: dict) -> BuildResult:
+    return BuildResult(name, meta["key"], entry, meta["module"], True, 0.0, meta)
+
+
+def _hit(name: str, entry: Path) -> Optional[BuildResult]:
     meta = cache.read_meta(entry)
-    if meta and (entry / meta.get("so", "\0")).is_file():
-        return BuildResult(name, key, entry, meta["module"], True, 0.0, meta)
+    if meta and not cache.verify(entry, meta):
+        return _result(name, entry, meta)
     return None
 
 
 def build(name: str, source: str, spec_canonical: dict, tc: Toolchain, force: bool = False,
           env_timeout: float = 900.0) -> BuildResult:
     """Compile `source` (the module of operator `name`) unless the cache already has it."""
+    ckey = content_key(name, source, spec_canonical, tc)
+    if not tc.available:
+        return _without_compiler(name, ckey, tc, force)
     key = key_for(name, source, spec_canonical, tc)
     entry = cache.entry_dir(name, key)
     if not force:
-        hit = _hit(name, key, entry)
+        hit = _hit(name, entry)
         if hit:
             return hit
-    with cache.file_lock(cache.cache_root() / f".{entry.name}.lock"):
-        if not force:
-            hit = _hit(name, key, entry)  # another process finished it while we waited
-            if hit:
-                return hit
-        return _compile(name, key, entry, source, tc, env_timeout)
+    try:
+        with cache.file_lock(cache.lock_path(entry.name)):
+            if not force:
+                hit = _hit(name, entry)  # another process finished it while we waited
+                if hit:
+                    return hit
+            return _compile(name, key, ckey, entry, source, tc, env_timeout)
+    except OSError as exc:  # commands report their own errors: this is the cache folder
+        raise cache.unwritable(exc) from None
+
+
+def _without_compiler(name: str, ckey: str, tc: Toolchain, force: bool) -> BuildResult:
+    """The newest sound module built for the same content by any compiler, else why not."""
+    damaged = ""
+    for entry, meta in ([] if force else cache.entries(name)):
+        if (meta.get("content") or {}).get("key") != ckey:
+            continue
+        problem = cache.verify(entry, meta)
+        if not problem:
+            return _result(name, entry, meta)
+        damaged = damaged or f"the cached module {entry / str(meta.get('so'))} is damaged ({problem}); "
+    # the reason alone (no operator name): `opkit build` then reports many operators in one line
+    raise BuildError(damaged + tc.missing + ("; then run `opkit build` (or call the operator "
+                                             "again) to rebuild it" if damaged else ""))
 
 
 def _run(cmd: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(cmd, cwd=str(cwd), capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise BuildError(f"cannot run {cmd[0]!r}: not found; install it or set CC") from None
+        return reaper.run(cmd, cwd, timeout)
     except subprocess.TimeoutExpired:
-        raise BuildError(f"{cmd[0]} did not finish within {timeout:.0f} s") from None
+        raise BuildError(f"{cmd[0]} did not finish within {timeout:.0f} s and was stopped") from None
+    except OSError as exc:
+        raise BuildError(f"cannot run {cmd[0]}: {exc}") from None
 
 
-def _compile(name: str, key: str, entry: Path, source: str, tc: Toolchain, timeout: float) -> BuildResult:
+def _compile(name: str, key: str, ckey: str, entry: Path, source: str, tc: Toolchain,
+             timeout: float) -> BuildResult:
     t0 = time.perf_counter()
     module = f"opkit_{name}_{key[:12]}"
     work = cache.new_workdir(name, key)
@@ -105,13 +153,15 @@ def _compile(name: str, key: str, entry: Path, source: str, tc: Toolchain, timeo
         r = _run(cy_cmd, work, timeout)
         log += ["$ " + " ".join(cy_cmd), r.stdout, r.stderr]
         if r.returncode != 0:
-            raise BuildError(_explain("Cython", r.stdout + r.stderr, source, None, pyx.name))
+            raise BuildError(_explain("Cython", r, source, None))
         cc_cmd = tc.compile_command(c_file.name, so.name, report.name)
         r = _run(cc_cmd, work, timeout)
         log += ["$ " + " ".join(cc_cmd), r.stdout, r.stderr]
-        if r.returncode != 0 or not so.is_file():
-            c_text = c_file.read_text(errors="replace")
-            raise BuildError(_explain(tc.cc[0], r.stdout + r.stderr, source, c_text, c_file.name))
+        if r.returncode != 0:
+            raise BuildError(_explain(tc.cc[0], r, source, c_file.read_text(errors="replace")))
+        if not so.is_file():
+            raise BuildError(f"{tc.cc[0]} exited with status 0 but wrote no module {so.name} "
+                             f"(CC={' '.join(tc.cc)})")
         if tc.family == "clang":
             report.write_text(r.stderr)
         seconds = time.perf_counter() - t0
@@ -119,6 +169,11 @@ def _compile(name: str, key: str, entry: Path, source: str, tc: Toolchain, timeo
             "name": name, "key": key, "module": module, "so": so.name, "pyx": pyx.name,
             "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 3),
             "toolchain": tc.key_material(), "target": tc.target.describe(),
+            # the compiler-free identity, and the vector width this compiler chose (it annotates
+            # the source): what a process without a compiler needs to find this module
+            "content": {"key": ckey, "toolchain": tc.content_material(),
+                        "vector_bytes": tc.target.vector_bytes},
+            "files": {f.name: cache.file_record(f) for f in (so, pyx)},
             "vectorization": parse_report(report, pyx.name, c_file, source),
         }
         c_file.unlink()  # 10k lines of Cython boilerplate; the .pyx is the readable source
@@ -127,11 +182,12 @@ def _compile(name: str, key: str, entry: Path, source: str, tc: Toolchain, timeo
         cache.publish(work, entry)
         return BuildResult(name, key, entry, module, False, seconds, meta)
     except BaseException:
-        (work / "build.log").write_text("\n".join(s for s in log if s)) if work.exists() else None
-        failed = cache.cache_root() / f"failed-{entry.name}"
-        shutil.rmtree(failed, ignore_errors=True)
-        if work.exists():
-            os.replace(work, failed)
+        with contextlib.suppress(OSError):  # keep what there is for the failed-* folder
+            if work.exists():
+                (work / "build.log").write_text("\n".join(s for s in log if s))
+                failed = cache.cache_root() / f"failed-{entry.name}"
+                shutil.rmtree(failed, ignore_errors=True)
+                os.replace(work, failed)
         raise
 
 
@@ -149,8 +205,10 @@ def _pyx_line_of_c(c_text: str, c_line: int) -> Optional[int]:
     return None
 
 
-def _explain(tool: str, output: str, source: str, c_text: Optional[str], file_name: str) -> str:
+def _explain(tool: str, result: subprocess.CompletedProcess, source: str, c_text: Optional[str]) -> str:
     """The first error, the generated line it is on and the declaration line behind it."""
+    output = (result.stdout or "") + (result.stderr or "")
+    status = f"exit status {result.returncode}"
     src_lines = source.splitlines()
     first = None
     for line in output.splitlines():
@@ -158,19 +216,22 @@ def _explain(tool: str, output: str, source: str, c_text: Optional[str], file_na
         if m and ("error" in m.group("msg").lower() or m.group("file").endswith(".pyx")):
             first = m
             break
-    parts = [f"{tool} failed to compile the generated kernel module"]
+    head = f"{tool} failed to compile the generated kernel module"
+    log = "the full log is in the cache folder failed-*"
     if first is None:
         tail = "\n".join(output.strip().splitlines()[-15:])
-        return parts[0] + ":\n" + tail
+        if not tail:
+            return f"{head} ({status}) and printed nothing; {log}"
+        return f"{head} ({status}):\n{tail}\n  ({log})"
     msg = first.group("msg")
     pyx_line = int(first.group("line")) if first.group("file").endswith(".pyx") else (
         _pyx_line_of_c(c_text or "", int(first.group("line"))))
-    parts[0] += f": {msg}"
+    parts = [f"{head}: {msg}"]
     if pyx_line and 0 < pyx_line <= len(src_lines):
         text = src_lines[pyx_line - 1]
         parts.append(f"  generated line {pyx_line}: {text.strip()}")
         ref = _YAML_REF.search(text)
         if ref:
             parts.append(f"  which comes from {ref.group(1)}:{ref.group(2)}")
-    parts.append("  (the full log is in the cache folder failed-*; `opkit show NAME` prints the source)")
+    parts.append(f"  ({tool}: {status}; {log}; `opkit show NAME` prints the source)")
     return "\n".join(parts)

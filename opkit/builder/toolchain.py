@@ -12,35 +12,51 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
-from .. import __version__
+from .._version import __version__
 from .._paths import templates_dir
 from ..errors import BuildError
 from ..target import Target, current
+from .cache import recorded_vector_bytes
 
 
 @dataclass(frozen=True)
 class Toolchain:
-    cc: Tuple[str, ...]
-    family: str                  # gcc | clang | other
+    cc: Tuple[str, ...]          # () when there is no compiler to run
+    family: str                  # gcc | clang | other | none
     version: str                 # the compiler's own first line of --version
     cflags: Tuple[str, ...]
     includes: Tuple[str, ...]
     ext_suffix: str
-    cython_version: str
+    cython_version: str          # "" when Cython is not installed
     numpy_version: str
     target: Target
+    missing: str = ""            # why nothing can be built here ("" when it can)
 
-    def key_material(self) -> Dict[str, object]:
-        """Everything besides the source that changes the compiled module."""
+    @property
+    def available(self) -> bool:
+        """Whether this toolchain can build; without it only cached modules can be used."""
+        return not self.missing
+
+    def require(self) -> None:
+        if self.missing:
+            raise BuildError(self.missing)
+
+    def content_material(self) -> Dict[str, object]:
+        """What changes the module whatever compiler builds it: a module built for the same
+        content by another compiler is found with this when there is no compiler to run."""
         return {
             "opkit": __version__, "cython": self.cython_version, "numpy": self.numpy_version,
             "python": sys.version.split()[0], "ext_suffix": self.ext_suffix,
-            "cc": list(self.cc), "cc_version": self.version, "cflags": list(self.cflags),
-            "isa": self.target.isa, "machine": self.target.machine,
+            "cflags": list(self.cflags), "isa": self.target.isa, "machine": self.target.machine,
             "features": list(self.target.features),
         }
 
+    def key_material(self) -> Dict[str, object]:
+        """Everything besides the source that changes the compiled module."""
+        return dict(self.content_material(), cc=list(self.cc), cc_version=self.version)
+
     def compile_command(self, c_file: str, so_file: str, report: str) -> list:
+        self.require()
         cmd = list(self.cc) + list(self.cflags) + [f"-I{i}" for i in self.includes]
         if self.family == "gcc":
             cmd.append(f"-fopt-info-vec-all={report}")
@@ -49,28 +65,43 @@ class Toolchain:
         return cmd + [c_file, "-o", so_file]
 
     def describe(self) -> str:
-        return f"{self.version}; {' '.join(self.cflags)}"
+        return f"{self.version or 'no compiler'}; {' '.join(self.cflags)}"
 
 
-def _compiler() -> Tuple[str, ...]:
-    cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc")
-    parts = tuple(shlex.split(cc))
-    if not parts or shutil.which(parts[0]) is None:
-        for fallback in ("cc", "gcc", "clang"):
-            if shutil.which(fallback):
-                return (fallback,)
-        raise BuildError("no C compiler found: install gcc or clang (Debian: apt install gcc), "
-                         "or name one in the CC environment variable")
-    return parts
+_NO_CC = ("no C compiler found: install gcc or clang (Debian: apt install gcc) or name one in "
+          "the CC environment variable")
+
+
+def _compiler() -> Tuple[Tuple[str, ...], str]:
+    """The C compiler command, or () and why there is none. CC, when set, is the compiler."""
+    env = os.environ.get("CC", "").strip()
+    if env:
+        try:
+            parts = tuple(shlex.split(env))
+        except ValueError as exc:
+            return (), f"CC={env} cannot be read as a command ({exc}); fix or unset CC"
+        if shutil.which(parts[0]) is None:
+            return (), (f"CC={env}: {parts[0]} is not an executable program (not found on PATH); "
+                        "set CC to an installed C compiler or unset it")
+        return parts, ""
+    conf = shlex.split(sysconfig.get_config_var("CC") or "")
+    if conf and shutil.which(conf[0]):
+        return tuple(conf), ""
+    for fallback in ("cc", "gcc", "clang"):
+        if shutil.which(fallback):
+            return (fallback,), ""
+    return (), _NO_CC
 
 
 @functools.lru_cache(maxsize=None)
-def _compiler_version(cc: Tuple[str, ...]) -> str:
+def _compiler_version(cc: Tuple[str, ...]) -> Tuple[str, str]:
+    """The first line of `cc --version` ("unknown" if it says nothing), or "" and why it cannot run."""
     try:
         out = subprocess.run(list(cc) + ["--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise BuildError(f"cannot run the C compiler {' '.join(cc)}: {exc}") from None
-    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else "unknown"
+        return "", f"cannot run the C compiler {' '.join(cc)}: {exc}; install one or set CC"
+    text = (out.stdout or out.stderr).strip()
+    return (text.splitlines()[0] if text else "unknown"), ""
 
 
 def _family(version: str) -> str:
@@ -105,11 +136,12 @@ def _flags(target: Target, family: str) -> Tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _versions() -> Tuple[str, str]:
+    """Cython's version ("" when it is not installed: cached modules still load) and NumPy's."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         cython = version("Cython")
     except PackageNotFoundError:
-        raise BuildError("Cython is not installed; run `pip install Cython`") from None
+        cython = ""
     import numpy
     return cython, numpy.__version__
 
@@ -144,17 +176,31 @@ def probe_vector_bytes(cc: Tuple[str, ...], family: str, flags: Tuple[str, ...],
 
 
 def toolchain(isa: str = "") -> Toolchain:
-    """The toolchain of this process (CC, OPKIT_ISA, OPKIT_CFLAGS, OPKIT_OPENMP are read here)."""
+    """The toolchain of this process (CC, OPKIT_ISA, OPKIT_CFLAGS, OPKIT_OPENMP are read here).
+
+    Never raises for a missing compiler or Cython: operators are constructed (and cached
+    modules loaded) without them; `missing` says why a build cannot run."""
     target = current(isa)
-    cc = _compiler()
-    version = _compiler_version(cc)
-    family = _family(version)
+    cc, missing = _compiler()
+    version = ""
+    if cc:
+        version, missing = _compiler_version(cc)
+        cc = cc if version else ()
+    family = _family(version) if cc else "none"
     import numpy
     includes = (sysconfig.get_paths()["include"], numpy.get_include(), str(templates_dir()))
     cython, np_version = _versions()
+    if not cython and not missing:
+        missing = "Cython is not installed; run `pip install Cython`"
     flags = _flags(target, family)
-    width = probe_vector_bytes(cc, family, flags, target.vector_bytes)
+    tc = Toolchain(cc, family, version, flags, includes,
+                   sysconfig.get_config_var("EXT_SUFFIX") or ".so", cython, np_version, target, missing)
+    # the vector width the compiler really uses (it annotates the generated source): asked of
+    # the compiler, or, without one, taken from what the cache's modules were built with
+    if cc:
+        width = probe_vector_bytes(cc, family, flags, target.vector_bytes)
+    else:
+        width = recorded_vector_bytes(tc.content_material()) or target.vector_bytes
     if width != target.vector_bytes:
-        target = dataclasses.replace(target, vector_bytes=width)
-    return Toolchain(cc, family, version, flags, includes,
-                     sysconfig.get_config_var("EXT_SUFFIX") or ".so", cython, np_version, target)
+        tc = dataclasses.replace(tc, target=dataclasses.replace(target, vector_bytes=width))
+    return tc
