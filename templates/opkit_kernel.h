@@ -835,25 +835,30 @@ static int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *k, int av
     return failed ? -1 : 0;
 }
 
-/* The direct call: n elements of contiguous operands (step bytes apart, storage codes code). */
+/* One thread's share [s, e) of the direct call's n elements. */
+static int opk_flat_part(Py_ssize_t s, Py_ssize_t e, char **ptr, const Py_ssize_t *step,
+                         const int *code, const opk_kernel *k)
+{
+    _Alignas(64) char stack[OPK_STACK_SCRATCH];
+    char *scratch = opk_scratch(k, stack), *p[OPK_MAXOPS];
+    if (scratch == NULL) return -1;
+    for (int o = 0; o < k->nops; o++) p[o] = ptr[o] + s * step[o];
+    opk_segment(k, scratch, e - s, p, step, code);
+    if (scratch != stack) PyMem_RawFree(scratch);
+    return 0;
+}
+
+/* The direct call: n elements of contiguous operands (step bytes apart, storage codes code);
+ * a small call never opens a parallel region. */
 static int opk_run_flat(Py_ssize_t n, char **ptr, const Py_ssize_t *step, const int *code,
                         const opk_kernel *k, int available, Py_ssize_t threshold, int max_threads)
 {
     const int nt = opk_threads(n, available, threshold, max_threads);
     int failed = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed) if (nt > 1)
-    for (int t = 0; t < nt; t++) {
-        _Alignas(64) char stack[OPK_STACK_SCRATCH];
-        char *scratch = opk_scratch(k, stack), *p[OPK_MAXOPS];
-        const Py_ssize_t s = n * t / nt, e = n * (t + 1) / nt;
-        if (scratch == NULL) {
-            failed = 1;
-            continue;
-        }
-        for (int o = 0; o < k->nops; o++) p[o] = ptr[o] + s * step[o];
-        opk_segment(k, scratch, e - s, p, step, code);
-        if (scratch != stack) PyMem_RawFree(scratch);
-    }
+    if (nt <= 1) return opk_flat_part(0, n, ptr, step, code, k);
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed)
+    for (int t = 0; t < nt; t++)
+        failed |= opk_flat_part(n * t / nt, n * (t + 1) / nt, ptr, step, code, k);
     return failed ? -1 : 0;
 }
 
