@@ -26,7 +26,7 @@ from ..codegen import template_digest
 from ..errors import BuildError
 from . import cache, reaper
 from .toolchain import Toolchain
-from .vecreport import parse_report
+from .vecreport import parse_report, pyx_lines
 
 
 @dataclass
@@ -191,18 +191,8 @@ def _compile(name: str, key: str, ckey: str, entry: Path, source: str, tc: Toolc
         raise
 
 
-_PYX_MARK = re.compile(r'^\s*/\* "(?P<file>[^"]+\.pyx)":(?P<line>\d+)')
 _ERR_LINE = re.compile(r"^(?P<file>[^:\s]+\.(?:pyx|c)):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<msg>.*)$")
 _YAML_REF = re.compile(r"#\s*([^#:]+\.ya?ml):(\d+)\s*$")
-
-
-def _pyx_line_of_c(c_text: str, c_line: int) -> Optional[int]:
-    lines = c_text.splitlines()
-    for i in range(min(c_line, len(lines)) - 1, -1, -1):
-        m = _PYX_MARK.match(lines[i])
-        if m:
-            return int(m.group("line"))
-    return None
 
 
 def _explain(tool: str, result: subprocess.CompletedProcess, source: str, c_text: Optional[str]) -> str:
@@ -224,8 +214,12 @@ def _explain(tool: str, result: subprocess.CompletedProcess, source: str, c_text
             return f"{head} ({status}) and printed nothing; {log}"
         return f"{head} ({status}):\n{tail}\n  ({log})"
     msg = first.group("msg")
-    pyx_line = int(first.group("line")) if first.group("file").endswith(".pyx") else (
-        _pyx_line_of_c(c_text or "", int(first.group("line"))))
+    c_line = int(first.group("line"))
+    if first.group("file").endswith(".pyx"):
+        pyx_line = c_line
+    else:
+        of_c = pyx_lines(c_text or "", Path(first.group("file")).stem + ".pyx")
+        pyx_line = of_c[c_line] if c_line < len(of_c) else None
     parts = [f"{head}: {msg}"]
     if pyx_line and 0 < pyx_line <= len(src_lines):
         text = src_lines[pyx_line - 1]

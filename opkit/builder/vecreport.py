@@ -27,8 +27,10 @@ def tile_loops(source: str) -> Dict[int, str]:
     return loops
 
 
-def _pyx_lines(c_text: str, pyx_name: str) -> List[Optional[int]]:
-    """For each C line, the pyx line Cython says it comes from (or None)."""
+def pyx_lines(c_text: str, pyx_name: str) -> List[Optional[int]]:
+    """For each C line (1-based), the line of `pyx_name` Cython says it comes from (or None):
+    the one map from compiled C back to the generated source, for compile errors and for the
+    vectorization report."""
     mark = re.compile(r'^\s*/\* "%s":(\d+)' % re.escape(pyx_name))
     out: List[Optional[int]] = [None]
     current = None
@@ -51,7 +53,7 @@ def parse_report(report: Path, pyx_name: str, c_file: Path, source: str) -> Dict
         for r in result.values():
             r["notes"].append("no vectorization report (the compiler does not write one)")
         return result
-    pyx_of = _pyx_lines(c_text, pyx_name)
+    pyx_of = pyx_lines(c_text, pyx_name)
     for line in text.splitlines():
         m = _GCC.match(line) or _CLANG.match(line)
         if not m:

@@ -20,7 +20,7 @@ from .._paths import templates_dir
 from .._version import __version__
 from ..dsl.graph import OpGraphs
 from ..dsl.primitives import PRIMITIVES
-from ..lower import (LOAD, Attr, Const, Instr, Kernel, Kind, Lowered, Reg, Schedule, Value,
+from ..lower import (LOAD, Attr, Const, Instr, Kernel, Kind, Lowered, Reg, Schedule,
                      compute_dtype, cost, listing, quantized)
 from ..lower.fuse import MAX_OPERANDS
 from ..lower.integer import fixed_point_factor
