@@ -15,6 +15,28 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "user_ops"
 
 
+# Modules whose tests compile nothing: parsing, derivation, lowering and rendering. Every other
+# test is marked `build`, and `pytest -m "not build"` runs the front end alone in seconds. A test
+# here that compiles anyway fails (see `_front_end_builds_nothing`), unless marked `build` itself.
+FRONT_END = {"test_spec", "test_dsl", "test_lower_codegen", "test_architecture"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__ not in FRONT_END:
+            item.add_marker(pytest.mark.build)
+
+
+@pytest.fixture(autouse=True)
+def _front_end_builds_nothing(request, monkeypatch):
+    if request.node.get_closest_marker("build") is None:
+        from opkit.builder import compile as compile_mod
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("a front-end test compiled a module: mark it `build`")
+        monkeypatch.setattr(compile_mod, "_compile", refuse)
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

@@ -149,6 +149,16 @@ def test_interrupted_build_leaves_no_entry_and_reruns(tmp_path, monkeypatch):
     assert leftovers(cache) == [] and len(entries(cache)) == 1
 
 
+def _has_lock_open(pid: int) -> bool:
+    """Whether process `pid` has a build lock file (.<op>-<key>.lock) open."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd).endswith(".lock") for fd in fds.iterdir())
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see open files")
 def test_two_processes_building_at_once_both_work_one_compiles(tmp_path):
     cache = tmp_path / "cache"
     cc = _slow_cc(tmp_path)
@@ -156,7 +166,13 @@ def test_two_processes_building_at_once_both_work_one_compiles(tmp_path):
     env = _env(tmp_path, cache, cc)
     (tmp_path / "stall").touch()
     procs = [_start_build(op_file, env) for _ in range(2)]
-    time.sleep(3.0)  # both are past toolchain setup: one compiles, the other waits on the lock
+    # release the compiler only once one process compiles and the other holds the entry's lock
+    # file open, waiting for it: the lock, not luck, keeps the second from compiling
+    deadline = time.time() + 120
+    while not ((tmp_path / "cc.log").exists() and all(_has_lock_open(p.pid) for p in procs)):
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        assert time.time() < deadline, "the two builds never met at the lock"
+        time.sleep(0.05)
     (tmp_path / "stall").unlink()
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
