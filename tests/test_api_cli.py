@@ -1,4 +1,4 @@
-"""The fixed Python API (DESIGN.md §4) and the command line (§5)."""
+"""The Python API (README: "The Python API") and the command line ("The command line")."""
 import os
 import subprocess
 import sys
