@@ -1,5 +1,5 @@
-"""The load-time check of a hand-written backward runs in a dtype the operator declares, and any
-failure in it is a SpecError naming the file and line."""
+"""The load-time check of a hand-written backward passes its arguments in a dtype the operator
+declares (and compares in float64), and any failure in it is a SpecError naming file and line."""
 import numpy as np
 import pytest
 
@@ -41,7 +41,7 @@ def test_any_failure_of_the_check_is_a_spec_error(tmp_path, monkeypatch):
         make_op(write_op(tmp_path, leaky("float64")))
 
 
-def test_the_check_reads_values_in_the_declared_dtype(tmp_path, monkeypatch):
+def test_the_check_passes_arguments_in_a_declared_dtype(tmp_path, monkeypatch):
     seen = []
     real = check.bind
 
