@@ -640,7 +640,7 @@ def test_ten_thousand_lines_of_selects():
     """A chain through 10,000 temporaries: parse, derive, print, hash and evaluate without
     recursion, against a forward-mode derivative computed by a NumPy loop."""
     n = 10_000
-    forward, steps = {}, []
+    forward = {}
     for k in range(n):
         prev = f"t{k - 1}" if k else "x"
         if k % 3 == 0:

@@ -202,16 +202,19 @@ class _Parser:
 
     def _BoolOp(self, node: ast.BoolOp) -> Node:
         prim = "and" if isinstance(node.op, ast.And) else "or"
-        values = [self.need(self.value(v), "bool", v, f"each operand of {prim}") for v in node.values]
+        values = [self.need(self.value(v), "bool", v, f"each operand of {prim}")
+                  for v in node.values]
         result = values[0]
         for v in values[1:]:
             result = self.build(prim, node, result, v)
         return result
 
     def _IfExp(self, node: ast.IfExp) -> Node:
-        cond = self.need(self.value(node.test), "bool", node.test, "the condition of `a if c else b`")
-        a = self.need(self.value(node.body), "float", node.body, "each branch of `a if c else b`")
-        b = self.need(self.value(node.orelse), "float", node.orelse, "each branch of `a if c else b`")
+        branch = "each branch of `a if c else b`"
+        cond = self.need(self.value(node.test), "bool", node.test,
+                         "the condition of `a if c else b`")
+        a = self.need(self.value(node.body), "float", node.body, branch)
+        b = self.need(self.value(node.orelse), "float", node.orelse, branch)
         return self.build("where", node, cond, a, b)
 
     def _call_operands(self, node: ast.Call) -> List[ast.AST]:

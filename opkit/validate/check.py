@@ -67,7 +67,8 @@ class Comparison:
             self._fail(f"{label}: NaN mismatch at {i}: got {a[i]}, expected {e[i]}")
             return
         if nan_ok is not None and (nan_a & ~nan_ok).any():
-            self._fail(f"{label}: NaN at {_first(nan_a & ~nan_ok)} where the forward result is finite")
+            i = _first(nan_a & ~nan_ok)
+            self._fail(f"{label}: NaN at {i} where the forward result is finite")
             return
         e_rounded = e.astype(dtype).astype(np.float64)
         inf = np.isinf(e_rounded) | np.isinf(a)
