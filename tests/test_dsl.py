@@ -3,6 +3,7 @@
 Everything here works on specs and graphs and evaluates them with the NumPy reference
 (opkit.validate.reference.evaluate, float64); nothing is compiled.
 """
+import functools
 import math
 import subprocess
 import sys
@@ -601,3 +602,69 @@ def test_digest_changes_with_constants_and_structure():
     assert expr("where(x >= 0, x, 0.2 * x)")[0].digest != base
     assert expr("where(x > 0, 0.2 * x, x)")[0].digest != base
     assert expr("where(x > 0, x, 0.2 * x)")[0].digest == base
+
+
+# ------------------------------------------------------------------------------------ long expressions
+
+def test_a_sum_and_a_product_of_a_thousand_terms():
+    rng = np.random.default_rng(5)
+    x, dy = rng.uniform(0.99, 1.01, 7), rng.uniform(-1, 1, 7)
+    for op, fold, slope in ((" + ", np.add, lambda x: np.full_like(x, 1000.0)),
+                            (" * ", np.multiply, lambda x: 1000 * x ** 999)):
+        spec, g = graphs_of(op.join(["x"] * 1000))
+        out, _ = run_forward(spec, g, {"x": x})
+        np.testing.assert_array_equal(out["y"], functools.reduce(fold, [x] * 1000))
+        grads = run_backward(spec, g, {"x": x}, {"y": dy})
+        np.testing.assert_allclose(grads["x"], dy * slope(x), rtol=1e-12)
+
+
+@pytest.mark.parametrize("text", [" + ".join(["x"] * 10_000), " * ".join(["x"] * 5_000),
+                                  " + ".join(["max(x, 1)"] * 2_000)])
+def test_an_expression_past_the_operator_limit_is_a_located_error(text):
+    with pytest.raises(SpecError, match=r"^t\.yaml:7:\d+: forward\.y: the expression has more than "
+                                        r"1000 operators \(the limit for one expression\); compute "
+                                        r"parts of it on earlier lines") as info:
+        graphs_of(text)
+    excerpt, caret = str(info.value).splitlines()[-2:]
+    assert len(excerpt) < 120 and caret.strip() == "^"
+    assert excerpt[len(caret) - 1] in "+*"  # the caret is under the operator past the limit
+
+
+def test_deep_nesting_is_a_located_error():
+    with pytest.raises(SpecError, match=r"t\.yaml:7:\d+: forward\.y: syntax error: too many nested "
+                                        r"parentheses"):
+        graphs_of("max(" * 300 + "x" + ", 1)" * 300)
+
+
+def test_ten_thousand_lines_of_selects():
+    """A chain through 10,000 temporaries: parse, derive, print, hash and evaluate without
+    recursion, against a forward-mode derivative computed by a NumPy loop."""
+    n = 10_000
+    forward = {}
+    for k in range(n):
+        prev = f"t{k - 1}" if k else "x"
+        if k % 3 == 0:
+            forward[f"t{k}"] = f"where({prev} > 0, {prev} * 1.0002, {prev} * 0.9997)"
+        elif k % 3 == 1:
+            forward[f"t{k}"] = f"max({prev}, -1.5)"
+        else:
+            forward[f"t{k}"] = f"min({prev}, 1.6)"
+    forward["y"] = f"t{n - 1} * 2"
+    spec, g = graphs_of(forward)
+    printed = len(g.forward.format()) + len(g.derived.format())
+    assert printed > 30 * n and len(g.forward.digest) == len(g.derived.digest) == 64
+    x = np.array([-2.0, -1.4, -0.3, 0.0, 0.2, 1.1, 1.7])
+    t, d = x.copy(), np.ones_like(x)
+    for k in range(n):
+        if k % 3 == 0:
+            d = d * np.where(t > 0, 1.0002, 0.9997)
+            t = np.where(t > 0, t * 1.0002, t * 0.9997)
+        elif k % 3 == 1:
+            d, t = np.where(t >= -1.5, d, 0.0), np.maximum(t, -1.5)
+        else:
+            d, t = np.where(t <= 1.6, d, 0.0), np.minimum(t, 1.6)
+    out, _ = run_forward(spec, g, {"x": x})
+    np.testing.assert_array_equal(out["y"], t * 2)
+    dy = np.linspace(-1, 1, x.size)
+    np.testing.assert_allclose(run_backward(spec, g, {"x": x}, {"y": dy})["x"], dy * d * 2,
+                               rtol=1e-12)

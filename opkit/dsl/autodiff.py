@@ -1,11 +1,27 @@
-"""Reverse-mode derivation of a backward graph from the primitives' derivative rules."""
+"""Reverse-mode derivation of a backward graph from the primitives' derivative rules.
+
+A gradient flows only through the branch a select takes. Each cotangent is carried as a value and
+its *flow*: the conditions (from where, min, max, abs) that all hold where it is a gradient at
+all. Outside its flow a value may be anything (the derivative of a branch that was not taken:
+inf, NaN), because derivative factors multiply the value before the flow is applied, and the
+flow is applied as a select, never as a product with 0. So `where(x > 0, sqrt(x), 0)` gets
+`where(x > 0, dy * 0.5 / sqrt(x), 0)`, not `where(x > 0, dy, 0) * 0.5 / sqrt(x)` (NaN at x < 0).
+The flow is applied where cotangents with different flows meet, before library calls and sums
+(a sum is an ordinary number again), and on the final gradients.
+"""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .ir import Node, const, topo_order
 from .library import LIBRARY, reduce_to, sum_to
-from .primitives import PRIMITIVES, add, deriving
+from .primitives import PRIMITIVES, ZERO, Masked, _dims, add, apply, neg, negate, select
+
+
+class Cotangent(NamedTuple):
+    value: Node
+    flow: Tuple[Node, ...] = ()  # conditions that all hold where the gradient flows; () everywhere
+    exact: bool = True           # the value is already 0 wherever the flow fails (or flow is ())
 
 
 def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]:
@@ -14,30 +30,116 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
     Each result is reduced to its input's shape (`sum_to`), so the gradient of a broadcast input
     comes back in the input's own shape; an input nothing depends on gets zeros.
     """
-    with deriving():
-        return _vjp(outputs, wrt)
+    # the contributions to each node's cotangent, combined once all have arrived (a node comes
+    # after all its consumers), so the branches of one select meet as one select
+    terms: Dict[int, Dict[frozenset, Cotangent]] = {}
 
+    def give(node: Node, c: Cotangent) -> None:
+        mine = terms.setdefault(id(node), {})
+        key = frozenset(map(id, c.flow))  # gradients on the same flow add
+        mine[key] = _accumulate(mine[key], c) if key in mine else c
 
-def _vjp(outputs, wrt) -> List[Node]:
-    ct: Dict[int, Node] = {}
     for out, g in outputs:
-        ct[id(out)] = add(ct[id(out)], g) if id(out) in ct else g
+        give(out, Cotangent(g))
     for node in reversed(topo_order([o for o, _ in outputs])):
-        g = ct.get(id(node))
-        if g is None or node.op in ("input", "attr", "const"):
+        if id(node) not in terms or node.op in ("input", "attr", "const"):
             continue
-        if node.op in PRIMITIVES:
-            rule = PRIMITIVES[node.op].vjp
-        else:
-            rule = LIBRARY[node.op].vjp
+        library = node.op not in PRIMITIVES
+        rule = (LIBRARY[node.op] if library else PRIMITIVES[node.op]).vjp
         if rule is None:
             continue  # a true/false value: no gradient flows through comparisons
-        for arg, g_arg in zip(node.args, rule(g, node, *node.args)):
+        c = combine(list(terms.pop(id(node)).values()))
+        if library:  # a library call mixes elements: it needs the exact gradient everywhere
+            c = Cotangent(applied(c))
+        for arg, g_arg in zip(node.args, rule(c.value, node, *node.args)):
             if g_arg is None or arg.kind != "float" or arg.op in ("attr", "const"):
                 continue
-            if arg.dims is not None and (g_arg.dims is None or set(g_arg.dims) - set(arg.dims)):
-                # the argument was broadcast here: sum its cotangent back to its own dims now,
-                # so everything upstream of it works on its small shape
-                g_arg = reduce_to(g_arg, arg.dims)
-            ct[id(arg)] = add(ct[id(arg)], g_arg) if id(arg) in ct else g_arg
-    return [sum_to(ct.get(id(x), const(0.0)), x) for x in wrt]
+            if isinstance(g_arg, Masked):
+                given = Cotangent(g_arg.value, _extend(c.flow, g_arg.cond), False)
+            else:  # passed on as it is (a sum, a difference) it stays exact; a product does not
+                given = Cotangent(g_arg, c.flow, c.exact and g_arg in (c.value, neg(c.value)))
+            if arg.dims is not None:
+                dims = _dims([given.value, *given.flow])
+                if dims is None or set(dims) - set(arg.dims):
+                    # the argument was broadcast here: sum its cotangent back to its own dims
+                    # now, so everything upstream of it works on its small shape
+                    given = Cotangent(reduce_to(applied(given), arg.dims))
+            give(arg, given)
+    return [sum_to(applied(combine(list(terms[id(x)].values()))) if id(x) in terms
+                   else const(0.0), x)
+            for x in wrt]
+
+
+# A flow keeps at most this many conditions apart (each becomes a select when the flow is
+# applied; the last ones decide which cotangents meet as one select). Deeper nesting folds the
+# outer ones into one `&` of them, shared by every cotangent below: a chain of n selects
+# derives in O(n) nodes.
+_FLOW_LIMIT = 4
+
+
+def _extend(flow: Tuple[Node, ...], cond: Node) -> Tuple[Node, ...]:
+    if len(flow) < _FLOW_LIMIT:
+        return flow + (cond,)
+    return (_all(flow), cond)
+
+
+def applied(c: Cotangent) -> Node:
+    """The cotangent with its flow applied: the value where it flows, exactly 0 elsewhere."""
+    return c.value if c.exact else _masked(c, c.flow)[0]
+
+
+def _masked(c: Cotangent, conds: Tuple[Node, ...]) -> Tuple[Node, bool]:
+    """c's value made 0 where one of `conds` (some of its flow) fails; whether that is exact."""
+    value = c.value
+    for cond in reversed(conds):
+        value = select(cond, value, ZERO)
+    return value, c.exact or len(conds) == len(c.flow)
+
+
+def combine(terms: List[Cotangent]) -> Cotangent:
+    """The sum of cotangents on different flows, each a gradient only on its own flow."""
+    # first the two sides of one condition, which form a select (among a few terms: look for them)
+    while 1 < len(terms) <= _SEARCH:
+        pair = next(((i, j) for i in range(len(terms)) for j in range(len(terms))
+                     if i != j and _split(terms[i], terms[j]) is not None), None)
+        if pair is None:
+            break
+        merged = _accumulate(terms[pair[0]], terms[pair[1]])
+        terms = [merged] + [t for k, t in enumerate(terms) if k not in pair]
+    out = terms[0]
+    for t in terms[1:]:
+        out = _accumulate(out, t)
+    return out
+
+
+_SEARCH = 16
+
+
+def _split(a: Cotangent, b: Cotangent) -> Optional[Node]:
+    """A condition that holds on a's flow and fails on b's, if there is one."""
+    ids = set(map(id, b.flow))
+    return next((c for c in a.flow if id(c) not in ids and id(negate(c)) in ids), None)
+
+
+def _accumulate(a: Cotangent, b: Cotangent) -> Cotangent:
+    """a + b, each a gradient only on its own flow."""
+    in_a, in_b = set(map(id, a.flow)), set(map(id, b.flow))
+    common = tuple(c for c in a.flow if id(c) in in_b)
+    only_a = tuple(c for c in a.flow if id(c) not in in_b)
+    only_b = tuple(c for c in b.flow if id(c) not in in_a)
+    split = _split(a, b)
+    if split is not None:  # a and b flow on the two sides of one condition: a select
+        (va, ea), (vb, eb) = _masked(a, tuple(c for c in only_a if c is not split)), \
+            _masked(b, tuple(c for c in only_b if c is not negate(split)))
+        return Cotangent(select(split, va, vb), common, ea and eb)
+    (va, ea), (vb, eb) = _masked(a, only_a), _masked(b, only_b)
+    if not only_a or not only_b:  # one flows wherever the other does (or both on one flow)
+        return Cotangent(add(va, vb), common, ea and eb)
+    return Cotangent(add(va, vb), common + (apply("or", _all(only_a), _all(only_b)),), ea and eb)
+
+
+def _all(conds: Tuple[Node, ...]) -> Node:
+    out = conds[0]
+    for c in conds[1:]:
+        out = apply("and", out, c)
+    return out

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Set, Tuple
 
 from ..errors import SpecError
 from ..spec.model import LAYOUT_DIMS, OpSpec
 from .autodiff import vjp
 from .ir import Node, format_expr, scope as ir_scope, topo_order
 from .library import LIBRARY, sum_to
+from .primitives import PRIMITIVES
 from .parse import FUNCTION_NAMES, Source, parse_expr
 
 
@@ -21,6 +22,9 @@ class Graph:
     attrs: Tuple[str, ...]
     outputs: Tuple[Tuple[str, Node], ...]
     input_nodes: Tuple[Node, ...]
+    # the conditions that pick the smooth piece of each non-smooth primitive (Primitive.branch):
+    # where one of them changes, the derivative jumps (a kink)
+    kinks: Tuple[Node, ...] = ()
 
     @property
     def output_nodes(self) -> Tuple[Node, ...]:
@@ -83,10 +87,27 @@ def _scope(spec: OpSpec) -> Dict[str, Node]:
     return scope
 
 
-def _check_dims(spec: OpSpec, root: Node, src: Source) -> None:
-    """A named value (dims N, K ...) meets a positional one only where a 4-d layout anchors names."""
+def kinks(roots) -> Tuple[Node, ...]:
+    """The branch conditions of every non-smooth primitive the roots depend on."""
+    found: Dict[int, Node] = {}
+    for n in topo_order(list(roots)):
+        branch = PRIMITIVES[n.op].branch if n.op in PRIMITIVES else None
+        if branch is not None:
+            found.update((id(c), c) for c in branch(*n.args) if not c.is_const)
+    return tuple(found.values())
+
+
+def _check_dims(spec: OpSpec, root: Node, src: Source, checked: Set[int]) -> None:
+    """A named value (dims N, K ...) meets a positional one only where a 4-d layout anchors names.
+    `checked` holds the nodes already checked (on earlier lines): each is checked once."""
     has_anchor = any(layout in LAYOUT_DIMS for layout in spec.layouts)
-    for n in topo_order([root]):
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in checked:
+            continue
+        checked.add(id(n))
+        stack.extend(n.args)
         if n.op in LIBRARY or not n.args:
             continue
         dims = [a.dims for a in n.args if a.dims]
@@ -96,7 +117,8 @@ def _check_dims(spec: OpSpec, root: Node, src: Source) -> None:
                             "their axes can be matched", n.loc or src.loc)
 
 
-def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: Dict[str, str]):
+def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: Dict[str, str],
+          checked: Set[int]):
     for b in bindings:
         if b.name in fixed:
             raise SpecError(f"{section}.{b.name}: {b.name!r} is already {fixed[b.name]}", b.name_loc)
@@ -105,7 +127,7 @@ def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: D
                             "expression language; pick another name", b.name_loc)
         src = Source(b.expr, b.loc, f"{section}.{b.name}", b.pieces)
         node = parse_expr(src, scope)
-        _check_dims(spec, node, src)
+        _check_dims(spec, node, src, checked)
         scope[b.name] = node
         fixed[b.name] = f"defined earlier in {section}"
     return scope
@@ -121,7 +143,8 @@ def _build(spec: OpSpec) -> OpGraphs:
     scope = _scope(spec)
     fixed = {i.name: "an input" for i in spec.inputs}
     fixed.update({a.name: "an attr" for a in spec.attrs})
-    _bind(spec, "forward", spec.forward, scope, dict(fixed))
+    checked: Set[int] = set()  # nodes whose dims are checked (nodes live as long as the scope)
+    _bind(spec, "forward", spec.forward, scope, dict(fixed), checked)
     outputs = []
     for o in spec.outputs:
         if o.name not in scope or o.name in fixed:
@@ -134,7 +157,8 @@ def _build(spec: OpSpec) -> OpGraphs:
                             "condition; use where(cond, a, b)", b.loc)
         outputs.append((o.name, node))
     input_nodes = tuple(scope[i.name] for i in spec.inputs)
-    forward = Graph("forward", spec.input_names, spec.attr_names, tuple(outputs), input_nodes)
+    forward = Graph("forward", spec.input_names, spec.attr_names, tuple(outputs), input_nodes,
+                    kinks(n for _, n in outputs))
 
     diff = tuple(i.name for i in spec.inputs if i.differentiable)
     cot_nodes = {}
@@ -149,11 +173,12 @@ def _build(spec: OpSpec) -> OpGraphs:
     backward = derived
     if spec.backward is not None:
         backward = Graph("backward", bw_inputs, spec.attr_names,
-                         _declared_grads(spec, scope, fixed, cot_nodes, diff), bw_input_nodes)
+                         _declared_grads(spec, scope, fixed, cot_nodes, diff, checked),
+                         bw_input_nodes)
     return OpGraphs(forward, backward, derived, spec.backward is not None, diff)
 
 
-def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff):
+def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff, checked: Set[int]):
     """The hand-written backward: one gradient per differentiable input, temporaries allowed."""
     bscope = dict(scope)
     bscope.update(cot_nodes)
@@ -164,14 +189,14 @@ def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff):
     given = {}
     for b in spec.backward:
         if b.name not in spec.input_names:
-            _bind(spec, "backward", [b], bscope, bfixed)
+            _bind(spec, "backward", [b], bscope, bfixed, checked)
             continue
         if b.name not in diff:
             raise SpecError(f"backward.{b.name}: input {b.name!r} is declared differentiable: false, "
                             "so it takes no gradient", b.name_loc)
         src = Source(b.expr, b.loc, f"backward.{b.name}", b.pieces)
         node = parse_expr(src, bscope)
-        _check_dims(spec, node, src)
+        _check_dims(spec, node, src, checked)
         if node.kind != "float":
             raise src.error("a gradient must be a number, not a true/false condition")
         given[b.name] = node

@@ -65,11 +65,14 @@ class Node:
     def digest(self) -> str:
         """sha256 over the node's structure (not its source location)."""
         if self._digest is None:
-            h = hashlib.sha256()
-            h.update(repr((self.op, self.params, self.kind, self.dims)).encode())
-            for a in self.args:
-                h.update(a.digest.encode())
-            self._digest = h.hexdigest()
+            # arguments first, in order, so no digest recurses (a graph may be 10,000 deep)
+            for n in topo_order([self]):
+                if n._digest is None:
+                    h = hashlib.sha256()
+                    h.update(repr((n.op, n.params, n.kind, n.dims)).encode())
+                    for a in n.args:
+                        h.update(a._digest.encode())
+                    n._digest = h.hexdigest()
         return self._digest
 
     @property
@@ -128,34 +131,68 @@ _INFIX = {"gt": (">", 1), "ge": (">=", 1), "lt": ("<", 1), "le": ("<=", 1), "eq"
 
 def format_expr(node: Node, names: Optional[Dict[int, str]] = None, prec: int = -10) -> str:
     """Render a node as DSL text; `names` maps node ids to names to print instead."""
+    # an explicit stack of (node, binding strength its context needs, arguments done?) and the
+    # texts of finished arguments: a chain of 10,000 operators prints without recursion
+    texts: List[str] = []
+    stack = [(node, prec, False)]
+    while stack:
+        n, p, ready = stack.pop()
+        if ready:
+            k = len(n.args)
+            args = texts[len(texts) - k:]
+            del texts[len(texts) - k:]
+            texts.append(_compose(n, args, p))
+            continue
+        leaf = _leaf_text(n, names)
+        if leaf is not None:
+            texts.append(leaf)
+            continue
+        stack.append((n, p, True))
+        stack.extend((a, ap, False) for a, ap in reversed(list(zip(n.args, _arg_precs(n)))))
+    return texts[0]
+
+
+def _leaf_text(node: Node, names: Optional[Dict[int, str]]) -> Optional[str]:
     if names and id(node) in names:
         return names[id(node)]
-    op = node.op
-    if op in ("input", "attr"):
+    if node.op in ("input", "attr"):
         return node.params[0]
-    if op == "const":
+    if node.op == "const":
         v = node.params[0]
         if isinstance(v, bool):
             return "True" if v else "False"
         return repr(int(v)) if float(v).is_integer() and abs(v) < 1e15 else repr(v)
+    return None
+
+
+def _arg_precs(node: Node) -> Tuple[int, ...]:
+    """The binding strength each argument's text must have."""
+    if node.op in _INFIX:
+        p = _INFIX[node.op][1]
+        # comparisons do not chain in meaning here: parenthesize a comparison inside another
+        return (p + (p == 1), p + 1)
+    if node.op in ("neg", "not"):
+        return (6,)
+    if node.op == "pow":
+        return (8, 8)
+    return (-10,) * len(node.args)
+
+
+def _compose(node: Node, args: List[str], prec: int) -> str:
+    op = node.op
     if op in _INFIX:
         sym, p = _INFIX[op]
-        # comparisons do not chain in meaning here: parenthesize a comparison inside another
-        left = format_expr(node.args[0], names, p + (p == 1))
-        right = format_expr(node.args[1], names, p + 1)
-        text = f"{left} {sym} {right}"
+        text = f"{args[0]} {sym} {args[1]}"
         return f"({text})" if p < prec else text
     if op in ("neg", "not"):
-        text = ("-" if op == "neg" else "~") + format_expr(node.args[0], names, 6)
+        text = ("-" if op == "neg" else "~") + args[0]
         return f"({text})" if prec > 6 else text
     if op == "pow":
-        text = f"{format_expr(node.args[0], names, 8)} ** {format_expr(node.args[1], names, 8)}"
+        text = f"{args[0]} ** {args[1]}"
         return f"({text})" if prec > 7 else text
-    args = [format_expr(a, names) for a in node.args]
     if op in FORMATTERS:
         return FORMATTERS[op](args, node.params)
-    args += [_param_text(p) for p in node.params]
-    return f"{op}({', '.join(args)})"
+    return f"{op}({', '.join(args + [_param_text(p) for p in node.params])})"
 
 
 # how library primitives print: op -> (argument texts, params) -> text

@@ -7,9 +7,11 @@ Every rejection points at the offending column of the user's expression with a c
 from __future__ import annotations
 
 import ast
+import io
 import math
+import tokenize
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from ..errors import Loc, SpecError
 from .ir import Node, const
@@ -42,6 +44,9 @@ _FUNCTIONS: Dict[str, tuple] = {
 FUNCTION_NAMES = tuple(sorted(_FUNCTIONS)) + tuple(sorted(_CONSTANTS))
 
 
+_EXCERPT = 100  # characters of an expression an error message shows
+
+
 @dataclass
 class Source:
     """Where an expression came from, for error messages with a caret."""
@@ -61,21 +66,54 @@ class Source:
         # the text is parsed as one line (line breaks become spaces), so col_offset is an offset
         offset = getattr(node, "col_offset", 0) if node is not None else 0
         flat = self.text.replace("\n", " ")
-        excerpt = f"    {flat}\n    {' ' * offset}^"
+        # a long expression is shown around the caret
+        start = max(0, min(offset - _EXCERPT // 2, len(flat) - _EXCERPT))
+        shown = ("..." if start else "") + flat[start:start + _EXCERPT] + \
+            ("..." if start + _EXCERPT < len(flat) else "")
+        excerpt = f"    {shown}\n    {' ' * (offset - start + (3 if start else 0))}^"
         return SpecError(f"{self.what}: {message}", self.position(offset), excerpt)
 
 
 class _Parser:
     def __init__(self, src: Source, names: Dict[str, Node]):
         self.src, self.names = src, names
+        self.done: Dict[int, Node] = {}  # id of an ast node -> its graph node
 
-    def expr(self, node: ast.AST) -> Node:
-        method = getattr(self, "_" + type(node).__name__, None)
-        if method is None:
-            raise self.src.error(f"{_describe(node)} is not part of the expression language; "
-                                 "use numbers, names, + - * / **, comparisons, & | ~, "
-                                 f"and the functions {', '.join(_FUNCTIONS)}", node)
-        return method(node)
+    def expr(self, root: ast.AST) -> Node:
+        """The graph node of an expression. The walk keeps its own stack: a sum of a thousand
+        terms is a thousand BinOps deep."""
+        stack = [(root, False)]
+        while stack:
+            node, ready = stack.pop()
+            if ready:
+                self.done[id(node)] = getattr(self, "_" + type(node).__name__)(node)
+            else:
+                stack.append((node, True))
+                stack.extend((child, False) for child in reversed(self.operands(node)))
+        return self.done[id(root)]
+
+    def value(self, node: ast.AST) -> Node:
+        return self.done[id(node)]
+
+    def operands(self, node: ast.AST) -> List[ast.AST]:
+        """The subexpressions to evaluate before `node` (checking first what needs no values)."""
+        if isinstance(node, (ast.Constant, ast.Name)):
+            return []
+        if isinstance(node, ast.BinOp):
+            return [node.left, node.right]
+        if isinstance(node, ast.UnaryOp):
+            return [node.operand]
+        if isinstance(node, ast.Compare):
+            return [node.left, *node.comparators]
+        if isinstance(node, ast.BoolOp):
+            return list(node.values)
+        if isinstance(node, ast.IfExp):
+            return [node.test, node.body, node.orelse]
+        if isinstance(node, ast.Call):
+            return self._call_operands(node)
+        raise self.src.error(f"{_describe(node)} is not part of the expression language; "
+                             "use numbers, names, + - * / **, comparisons, & | ~, "
+                             f"and the functions {', '.join(_FUNCTIONS)}", node)
 
     def loc(self, node: ast.AST) -> Loc:
         return self.src.position(getattr(node, "col_offset", 0))
@@ -114,7 +152,7 @@ class _Parser:
 
     # --- operators
     def _BinOp(self, node: ast.BinOp) -> Node:
-        left, right = self.expr(node.left), self.expr(node.right)
+        left, right = self.value(node.left), self.value(node.right)
         if isinstance(node.op, ast.Pow):
             self.need(left, "float", node.left, "the base of **")
             if not right.is_const or right.kind != "float":
@@ -139,7 +177,7 @@ class _Parser:
         return self.build(prim, node, left, right)
 
     def _UnaryOp(self, node: ast.UnaryOp) -> Node:
-        operand = self.expr(node.operand)
+        operand = self.value(node.operand)
         if isinstance(node.op, ast.UAdd):
             return self.need(operand, "float", node.operand, "the operand of +")
         if isinstance(node.op, ast.USub):
@@ -148,13 +186,13 @@ class _Parser:
 
     def _Compare(self, node: ast.Compare) -> Node:
         result = None
-        left = self.expr(node.left)
+        left = self.value(node.left)
         left_ast = node.left
         for op, right_ast in zip(node.ops, node.comparators):
             prim = _CMPOPS.get(type(op))
             if prim is None:
                 raise self.src.error(f"the comparison {_describe(op)} is not supported", node)
-            right = self.expr(right_ast)
+            right = self.value(right_ast)
             self.need(left, "float", left_ast, "each side of a comparison")
             self.need(right, "float", right_ast, "each side of a comparison")
             cmp = self.build(prim, node, left, right)
@@ -164,19 +202,22 @@ class _Parser:
 
     def _BoolOp(self, node: ast.BoolOp) -> Node:
         prim = "and" if isinstance(node.op, ast.And) else "or"
-        values = [self.need(self.expr(v), "bool", v, f"each operand of {prim}") for v in node.values]
+        values = [self.need(self.value(v), "bool", v, f"each operand of {prim}")
+                  for v in node.values]
         result = values[0]
         for v in values[1:]:
             result = self.build(prim, node, result, v)
         return result
 
     def _IfExp(self, node: ast.IfExp) -> Node:
-        cond = self.need(self.expr(node.test), "bool", node.test, "the condition of `a if c else b`")
-        a = self.need(self.expr(node.body), "float", node.body, "each branch of `a if c else b`")
-        b = self.need(self.expr(node.orelse), "float", node.orelse, "each branch of `a if c else b`")
+        branch = "each branch of `a if c else b`"
+        cond = self.need(self.value(node.test), "bool", node.test,
+                         "the condition of `a if c else b`")
+        a = self.need(self.value(node.body), "float", node.body, branch)
+        b = self.need(self.value(node.orelse), "float", node.orelse, branch)
         return self.build("where", node, cond, a, b)
 
-    def _Call(self, node: ast.Call) -> Node:
+    def _call_operands(self, node: ast.Call) -> List[ast.AST]:
         if not isinstance(node.func, ast.Name):
             raise self.src.error("only the language's functions can be called, by plain name", node.func)
         fname = node.func.id
@@ -188,22 +229,29 @@ class _Parser:
                                  f"{', '.join(_FUNCTIONS)}", node.func)
         if node.keywords:
             raise self.src.error(f"{fname}() takes positional arguments only", node.keywords[0].value)
-        nargs, builder = _FUNCTIONS[fname]
+        nargs = _FUNCTIONS[fname][0]
         if len(node.args) != nargs:
             raise self.src.error(f"{fname}() takes {nargs} argument{'s' * (nargs != 1)}, "
                                  f"got {len(node.args)}", node)
+        starred = next((a for a in node.args if isinstance(a, ast.Starred)), None)
+        if starred is not None:
+            raise self.src.error("* arguments are not supported", starred)
+        kinds = _CALL_KINDS.get(fname, ("float",) * nargs)
+        return [a for a, kind in zip(node.args, kinds) if kind != "dim"]
+
+    def _Call(self, node: ast.Call) -> Node:
+        fname = node.func.id
+        nargs, builder = _FUNCTIONS[fname]
         kinds = _CALL_KINDS.get(fname, ("float",) * nargs)
         args = []
         for i, (a, kind) in enumerate(zip(node.args, kinds)):
-            if isinstance(a, ast.Starred):
-                raise self.src.error("* arguments are not supported", a)
             if kind == "dim":  # a dim name such as H or K, not a value
                 if not isinstance(a, ast.Name):
                     raise self.src.error(f"argument {i + 1} of {fname}() must be a dim name such as "
                                          "H, W or K", a)
                 args.append(a.id)
                 continue
-            value = self.expr(a)
+            value = self.value(a)
             if kind == "scalar":
                 if value.op not in ("attr", "const") or value.kind != "float":
                     raise self.src.error(f"argument {i + 1} of {fname}() must be an attr or a "
@@ -241,16 +289,48 @@ def _symbol(op) -> str:
     return {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}.get(type(op), "?")
 
 
+# Python builds the syntax tree of `a + b + c ...` recursively, one level per operator, and
+# gives up somewhere past a few thousand (depending on the version and the caller's stack): an
+# expression longer than this is refused up front, with the same answer everywhere.
+MAX_OPERATORS = 1000
+_OPERATOR_WORDS = frozenset(("and", "or", "not", "if", "is", "in", "lambda"))
+_PUNCTUATION = frozenset("()[]{},:;.")
+
+
+def _check_length(src: Source, flat: str) -> None:
+    count = 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(flat).readline):
+            if (tok.type == tokenize.OP and tok.string not in _PUNCTUATION) or \
+                    (tok.type == tokenize.NAME and tok.string in _OPERATOR_WORDS):
+                count += 1
+                if count > MAX_OPERATORS:
+                    raise _too_long(src, tok.start[1], f"the expression has more than "
+                                    f"{MAX_OPERATORS} operators (the limit for one expression)")
+    except (tokenize.TokenError, SyntaxError):
+        return  # not Python's syntax: ast.parse says where
+
+
+def _too_long(src: Source, offset: int, what: str) -> SpecError:
+    at = ast.Constant(0)
+    at.lineno, at.col_offset = 1, offset
+    return src.error(f"{what}; compute parts of it on earlier lines (`t1: ...`, then "
+                     "`y: t1 + ...`)", at)
+
+
 def parse_expr(src: Source, names: Dict[str, Node]) -> Node:
     """Parse one expression; `names` maps the names in scope to their nodes."""
     if not src.text.strip():
         raise src.error("the expression is empty")
     # one line, same length: a character offset is a column and maps back through src.pieces
     flat = src.text.replace("\n", " ").rstrip()
+    _check_length(src, flat)
     try:
         tree = ast.parse(flat, mode="eval")
     except SyntaxError as exc:
         fake = ast.Constant(0)
         fake.lineno, fake.col_offset = 1, max((exc.offset or 1) - 1, 0)
         raise src.error(f"syntax error: {exc.msg}", fake) from None
+    except (RecursionError, MemoryError):
+        raise _too_long(src, 0, "the expression is too long for Python's parser") from None
     return _Parser(src, names).expr(tree.body)

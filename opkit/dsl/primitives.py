@@ -5,14 +5,17 @@ reference), its derivative rule (reverse mode), its Cython expression and its TB
 instruction with a cost. Adding a primitive is one entry here.
 
 Derivative rules take the output cotangent `g`, the node itself (for rules that reuse the output)
-and the argument nodes, and return one cotangent node per argument (None: no gradient flows).
+and the argument nodes, and return one cotangent per argument: a node, `Masked(cond, node)` (the
+gradient flows only where `cond` holds) or None (no gradient flows). Rules are linear in `g`.
+
+A primitive whose derivative jumps (a kink: where, min, max, abs) names the conditions that pick
+its smooth piece in `branch`; the derivative rule selects with them, and the finite-difference
+check treats a change of any of them as a kink.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,6 +39,18 @@ class Primitive:
     elementwise: bool = True
     doc: str = ""
     vectorizes: bool = True              # False: a libm call the C compiler keeps scalar
+    # (argument nodes) -> nodes whose values name the smooth piece the primitive is in: the
+    # conditions of a select, which argument min picks ... Where one changes, the derivative
+    # jumps (a kink). None: no kinks
+    branch: Optional[Callable] = None
+
+
+@dataclass(frozen=True)
+class Masked:
+    """A cotangent that flows only where `cond` holds: elsewhere no gradient, not even 0 * inf."""
+
+    cond: Node
+    value: Node
 
 
 PRIMITIVES: Dict[str, Primitive] = {}
@@ -60,21 +75,6 @@ def _dims(args: Sequence[Node]) -> Dims:
 
 ZERO, ONE = const(0.0), const(1.0)
 
-# While a gradient is being derived, a where(c, g, 0) cotangent means "no gradient where the
-# branch is not taken": products may then be pushed into the taken branch (as PyTorch's
-# leaky_relu_backward computes where(x > 0, dy, dy * alpha)). In a forward expression the same
-# rewrite would turn NaN * 0 into 0, so there it is off.
-_DERIVING: contextvars.ContextVar = contextvars.ContextVar("opkit_deriving", default=False)
-
-
-@contextlib.contextmanager
-def deriving() -> Iterator[None]:
-    token = _DERIVING.set(True)
-    try:
-        yield
-    finally:
-        _DERIVING.reset(token)
-
 
 def apply(name: str, *args: Node, loc=None) -> Node:
     """Build `name(args)`, folding constants and applying exact algebraic rewrites."""
@@ -93,20 +93,23 @@ def _is(node: Node, value: float) -> bool:
     return node.is_const and node.kind == F and node.value == value
 
 
+# comparisons of the same two operands that cannot both hold (NaN makes every one false but ne)
+_EXCLUSIVE = {"gt": ("lt", "le", "eq"), "lt": ("gt", "ge", "eq"), "ge": ("lt",), "le": ("gt",),
+              "eq": ("gt", "lt", "ne"), "ne": ("eq",)}
+
+
+def _excludes(c: Node, d: Node) -> bool:
+    """Where c holds, d does not."""
+    return c.args == d.args and d.op in _EXCLUSIVE.get(c.op, ())
+
+
 def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
-    # Rewrites that never change a finite result; they keep derived gradients small.
+    # Rewrites that never change a result; they keep derived gradients small.
     if name == "add":
         if _is(a[1], 0.0):
             return a[0]
         if _is(a[0], 0.0):
             return a[1]
-        # where(c, p, 0) + where(c, 0, q) -> where(c, p, q): the two branches of one select
-        x, y = a
-        if _DERIVING.get() and x.op == y.op == "where" and x.args[0] is y.args[0]:
-            if _is(x.args[2], 0.0) and _is(y.args[1], 0.0):
-                return apply("where", x.args[0], x.args[1], y.args[2])
-            if _is(x.args[1], 0.0) and _is(y.args[2], 0.0):
-                return apply("where", x.args[0], y.args[1], x.args[2])
     if name == "sub":
         if _is(a[1], 0.0):
             return a[0]
@@ -121,13 +124,6 @@ def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
             return apply("neg", a[0])
         if _is(a[0], -1.0):
             return apply("neg", a[1])
-        # s * where(c, p, 0) -> where(c, s * p, 0): no product where the branch is not taken
-        for w, s in ((a[0], a[1]), (a[1], a[0])):
-            if w.op == "where" and _DERIVING.get():
-                if _is(w.args[2], 0.0):
-                    return apply("where", w.args[0], apply("mul", w.args[1], s), ZERO)
-                if _is(w.args[1], 0.0):
-                    return apply("where", w.args[0], ZERO, apply("mul", w.args[2], s))
     if name == "div" and _is(a[1], 1.0):
         return a[0]
     if name == "pow":
@@ -137,26 +133,55 @@ def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
             return a[0]
         if _is(a[1], 2.0):
             return apply("mul", a[0], a[0])
-    if name == "neg":
-        if a[0].op == "neg":
-            return a[0].args[0]
-        if _DERIVING.get() and a[0].op == "where" and (_is(a[0].args[1], 0.0) or _is(a[0].args[2], 0.0)):
-            w = a[0]
-            return apply("where", w.args[0], apply("neg", w.args[1]), apply("neg", w.args[2]))
+    if name == "neg" and a[0].op == "neg":
+        return a[0].args[0]
+    if name == "not" and a[0].op == "not":
+        return a[0].args[0]
+    if name in ("and", "or"):
+        for c, d in ((a[0], a[1]), (a[1], a[0])):
+            if c.is_const:  # True & d, False | d -> d; False & d -> False, True | d -> True
+                return d if c.value == (name == "and") else c
+        if a[0] is a[1]:
+            return a[0]
     if name == "where":
-        c, x, y = a
-        if x is y:
-            return x
-        if c.is_const:
-            return x if c.value else y
-        # where(c, where(d, p, 0), where(d, q, 0)) -> where(d, where(c, p, q), 0)
-        if x.op == y.op == "where" and x.args[0] is y.args[0] and x.args[2] is y.args[2] \
-                and _is(x.args[2], 0.0):
-            return apply("where", x.args[0], apply("where", c, x.args[1], y.args[1]), x.args[2])
-        # where(c, where(d, p, 0), 0) -> where(c & d, p, 0)
-        if x.op == "where" and _is(y, 0.0) and _is(x.args[2], 0.0):
-            return apply("where", apply("and", c, x.args[0]), x.args[1], y)
+        return _simplify_where(*a)
     return None
+
+
+def _simplify_where(c: Node, x: Node, y: Node) -> Optional[Node]:
+    if x is y:
+        return x
+    if c.is_const:
+        return x if c.value else y
+    # inside a branch, a select on the same condition (or on one it excludes) is decided
+    if x.op == "where" and (x.args[0] is c or (c.args and _excludes(c, x.args[0]))):
+        return apply("where", c, x.args[1] if x.args[0] is c else x.args[2], y)
+    if y.op == "where" and y.args[0] is c:
+        return apply("where", c, x, y.args[2])
+    # where(c, where(d, p, 0), where(d, q, 0)) -> where(d, where(c, p, q), 0)
+    if x.op == y.op == "where" and x.args[0] is y.args[0] and x.args[2] is y.args[2] \
+            and _is(x.args[2], 0.0):
+        return apply("where", x.args[0], apply("where", c, x.args[1], y.args[1]), x.args[2])
+    # where(c, where(d, p, 0), 0) -> where(c & d, p, 0)
+    if x.op == "where" and _is(y, 0.0) and _is(x.args[2], 0.0):
+        return apply("where", apply("and", c, x.args[0]), x.args[1], y)
+    return None
+
+
+def negate(c: Node) -> Node:
+    """The condition that holds exactly where c does not."""
+    return apply("not", c)
+
+
+def select(c: Node, x: Node, y: Node, depth: int = 8) -> Node:
+    """where(c, x, y) with `|` and `~` in c turned into plain selects, which GCC vectorizes in
+    long chains (it gives up on chains of selects on `(x <= y) | (x != x)`); `depth` bounds
+    the expansion of deeply nested conditions."""
+    if depth and c.op == "or":
+        return select(c.args[0], x, select(c.args[1], x, y, depth - 1), depth - 1)
+    if depth and c.op == "not":
+        return select(c.args[0], y, x, depth - 1)
+    return apply("where", c, x, y)
 
 
 def add(x, y): return apply("add", x, y)
@@ -217,17 +242,20 @@ _register(Primitive("not", (B,), B, np.logical_not, "(not {0})", "vnot", None, 1
 # ------------------------------------------------------------------------------ selection
 
 _register(Primitive("where", (B, F, F), F, np.where, "({1} if {0} else {2})", "vsel", None, 1,
-                    lambda g, out, c, x, y: (None, where(c, g, ZERO), where(c, ZERO, g)),
-                    doc="where(c, x, y): x where c holds, else y"))
+                    lambda g, out, c, x, y: (None, Masked(c, g), Masked(negate(c), g)),
+                    doc="where(c, x, y): x where c holds, else y",
+                    branch=lambda c, x, y: (c,)))
 
 
-def _minmax_vjp(cmp):
+def _picks_first(cmp):
+    # the forward picks x where x is NaN or wins the comparison (ties included)
+    return lambda x, y: (apply("or", apply("ne", x, x), apply(cmp, x, y)),)
+
+
+def _minmax_vjp(branch):
     def rule(g, out, x, y):
-        # the forward picks x where x is NaN or wins the comparison; written as two selects
-        # (not a select on `cmp | isnan`), which GCC vectorizes in long chains
-        nan = apply("ne", x, x)
-        wins = apply(cmp, x, y)
-        return (where(nan, g, where(wins, g, ZERO)), where(nan, ZERO, where(wins, ZERO, g)))
+        first, = branch(x, y)
+        return Masked(first, g), Masked(negate(first), g)
     return rule
 
 
@@ -236,10 +264,22 @@ def _minmax_vjp(cmp):
 # chains of selects on `(x <= y) | (x != x)`.
 _register(Primitive("min", (F, F), F, _np_min,
                     "{t} = ({0} if {0} <= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
-                    "vmin", "vmins", 1, _minmax_vjp("le"), doc="min(x, y); NaN propagates"))
+                    "vmin", "vmins", 1, _minmax_vjp(_picks_first("le")),
+                    doc="min(x, y); NaN propagates", branch=_picks_first("le")))
 _register(Primitive("max", (F, F), F, _np_max,
                     "{t} = ({0} if {0} >= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
-                    "vmax", "vmaxs", 1, _minmax_vjp("ge"), doc="max(x, y); NaN propagates"))
+                    "vmax", "vmaxs", 1, _minmax_vjp(_picks_first("ge")),
+                    doc="max(x, y); NaN propagates", branch=_picks_first("ge")))
+
+
+def _abs_branch(x):
+    return apply("gt", x, ZERO), apply("lt", x, ZERO)
+
+
+def _abs_vjp(g, out, x):
+    pos, neg_ = _abs_branch(x)  # no gradient at 0 (nor at NaN)
+    return (Masked(apply("or", neg_, pos), select(neg_, neg(g), g)),)
+
 
 # ------------------------------------------------------------------------------ transcendental
 
@@ -253,10 +293,8 @@ _register(Primitive("log", (F,), F, np.log, "log{f}({0})", "vln", None, 10,
                     lambda g, out, x: (div(g, x),), doc="natural logarithm", vectorizes=False))
 _register(Primitive("sqrt", (F,), F, np.sqrt, "sqrt{f}({0})", "vsqrt", None, 4,
                     lambda g, out, x: (div(mul(g, const(0.5)), out),), doc="square root"))
-_register(Primitive("abs", (F,), F, np.abs, "fabs{f}({0})", "vabs", None, 1,
-                    lambda g, out, x: (where(apply("gt", x, ZERO), g,
-                                             where(apply("lt", x, ZERO), neg(g), ZERO)),),
-                    doc="|x|; gradient 0 at 0"))
+_register(Primitive("abs", (F,), F, np.abs, "fabs{f}({0})", "vabs", None, 1, _abs_vjp,
+                    doc="|x|; gradient 0 at 0", branch=_abs_branch))
 _register(Primitive("sigmoid", (F,), F, _sigmoid, "(1 / (1 + exp{f}(-{0})))", "vsigmoid", None, 13,
                     lambda g, out, x: (mul(g, mul(out, sub(ONE, out))),),
                     doc="1 / (1 + e ** -x)", vectorizes=False))

@@ -1,12 +1,14 @@
 """The NumPy reference: a graph evaluated node by node in float64, broadcasting by dim name."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..dsl import named
 from ..dsl.graph import Graph
+from ..dsl.ir import topo_order
 from ..dsl.library import LIBRARY, Context
 from ..dsl.primitives import PRIMITIVES
 
@@ -18,32 +20,43 @@ def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
     """Outputs of `graph` for inputs `values` (name -> (array, names)) in float64 (or in
     `dtype`: the benchmark's plain-NumPy run of the same formula).
 
-    With `masks`, every true/false intermediate is appended to it (to detect kinks)."""
+    With `masks`, the values of the graph's kink conditions (graph.kinks) are appended to it."""
     env: Dict[int, Value] = {}
     dtype = np.dtype(dtype)
     inputs = {k: (v[0].astype(dtype, copy=False), v[1]) for k, v in values.items()}
     ctx = Context(inputs, accumulate=np.float64 if dtype == np.float64 else None)
+    kinks = graph.kinks if masks is not None else ()
+    roots = [*graph.output_nodes, *kinks]
+    order = topo_order(roots)
+    # an intermediate is dropped after its last use: a long expression keeps few arrays alive
+    uses = Counter(id(a) for n in order for a in n.args)
+    keep = {id(n) for n in roots}
     with np.errstate(all="ignore"):
-        for n in graph.nodes():
-            if n.op == "input":
-                env[id(n)] = inputs[n.name]
-            elif n.op == "attr":
-                v = attrs[n.name]
-                env[id(n)] = (np.asarray(v, dtype=bool if n.kind == "bool" else dtype), ())
-            elif n.op == "const":
-                env[id(n)] = (np.asarray(n.value, dtype=bool if n.kind == "bool" else dtype), ())
-            elif n.op in PRIMITIVES:
-                args = [env[id(a)] for a in n.args]
-                names, _, views = named.align(args, [f"argument {i}" for i in range(len(args))])
-                result = np.asarray(PRIMITIVES[n.op].numpy(*views))
-                if n.kind == "float":
-                    result = result.astype(dtype, copy=False)
-                env[id(n)] = (result, names)
-                if masks is not None and n.kind == "bool":
-                    masks.append(result)
-            else:
-                env[id(n)] = LIBRARY[n.op].run(ctx, [env[id(a)] for a in n.args], n.params)
+        for n in order:
+            env[id(n)] = _value(n, env, inputs, attrs, ctx, dtype)
+            for a in n.args:
+                uses[id(a)] -= 1
+                if not uses[id(a)] and id(a) not in keep:
+                    del env[id(a)]
+    if masks is not None:
+        masks.extend(env[id(k)][0] for k in kinks)
     return {name: env[id(node)] for name, node in graph.outputs}
+
+
+def _value(n, env, inputs, attrs, ctx: Context, dtype) -> Value:
+    if n.op == "input":
+        return inputs[n.name]
+    if n.op in ("attr", "const"):
+        v = attrs[n.name] if n.op == "attr" else n.value
+        return np.asarray(v, dtype=bool if n.kind == "bool" else dtype), ()
+    args = [env[id(a)] for a in n.args]
+    if n.op not in PRIMITIVES:
+        return LIBRARY[n.op].run(ctx, args, n.params)
+    names, _, views = named.align(args, [f"argument {i}" for i in range(len(args))])
+    result = np.asarray(PRIMITIVES[n.op].numpy(*views))
+    if n.kind == "float":
+        result = result.astype(dtype, copy=False)
+    return result, names
 
 
 def shaped(value: Value, names: Tuple[str, ...], shape: Tuple[int, ...]) -> np.ndarray:
