@@ -316,7 +316,7 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
     and NumPy running the same graph in the same dtype."""
     import opkit
     from .runtime.bind import bind
-    from .validate.check import default_attrs
+    from .validate.cases import default_attrs
     from .validate.reference import evaluate
     rows = []
     for name in names:

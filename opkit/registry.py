@@ -123,7 +123,7 @@ def make_op(path: Path) -> Op:
     spec = load_spec(path)
     graphs = build_graphs(spec)
     if graphs.declared:
-        from .validate.check import check_declared_backward
+        from .validate.declared import check_declared_backward
         check_declared_backward(spec, graphs)
     return Op(spec, graphs, lower(spec, graphs))  # lowering checks schedule.inplace
 

@@ -5,7 +5,7 @@ import pytest
 
 from opkit.errors import SpecError
 from opkit.registry import make_op
-from opkit.validate import check
+from opkit.validate import declared
 
 from conftest import declaration, write_op
 
@@ -35,7 +35,7 @@ def test_any_failure_of_the_check_is_a_spec_error(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise TypeError("no such dtype")
 
-    monkeypatch.setattr(check, "bind", broken)
+    monkeypatch.setattr(declared, "bind", broken)
     with pytest.raises(SpecError, match=r"op\.yaml:9:3: backward: the hand-written gradients could "
                                         r"not be checked against the derived ones: no such dtype"):
         make_op(write_op(tmp_path, leaky("float64")))
@@ -43,12 +43,12 @@ def test_any_failure_of_the_check_is_a_spec_error(tmp_path, monkeypatch):
 
 def test_the_check_passes_arguments_in_a_declared_dtype(tmp_path, monkeypatch):
     seen = []
-    real = check.bind
+    real = declared.bind
 
     def spy(spec, given, *args, **kwargs):
         seen.extend(np.asarray(v).dtype.name for k, v in given.items() if k == "x")
         return real(spec, given, *args, **kwargs)
 
-    monkeypatch.setattr(check, "bind", spy)
+    monkeypatch.setattr(declared, "bind", spy)
     make_op(write_op(tmp_path, leaky("float16, float32")))
     assert seen and set(seen) == {"float32"}

@@ -10,7 +10,7 @@ from opkit.registry import make_op
 from opkit.runtime.bind import bind
 from opkit.spec import parse_spec
 from opkit.validate import validate_op
-from opkit.validate.check import Comparison, forward_nan
+from opkit.validate.compare import Comparison, forward_nan
 
 from conftest import declaration, write_op
 

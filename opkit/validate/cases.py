@@ -1,0 +1,154 @@
+"""The inputs validation runs on: every layout, sizes around every threshold, stride patterns,
+special values, and attrs at their defaults and inside their ranges."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
+
+
+DIM_SIZES = {"N": 2, "C": 3, "H": 5, "W": 7}
+
+
+@dataclass
+class Case:
+    label: str
+    layout: str
+    arrays: Dict[str, np.ndarray]     # float64 values, cast by the caller
+    views: Dict[str, str]             # how each input is laid out: "", "T", "rev", "step"
+
+
+def _main_input(spec: OpSpec) -> str:
+    for o in spec.outputs:
+        if o.like:
+            return o.like
+    return spec.inputs[0].name
+
+
+def _values(rng, shape, domain, special: bool) -> np.ndarray:
+    lo, hi = domain
+    arr = rng.uniform(lo, hi, size=shape)
+    if special and arr.size >= 16:
+        flat = arr.reshape(-1)
+        picks = rng.choice(flat.size, size=5, replace=False)
+        for p, v in zip(picks, (0.0, -0.0, np.inf, -np.inf, np.nan)):
+            flat[p] = v
+    return arr
+
+
+def _full_shapes(spec: OpSpec, layout: str, tile: int, threshold: int) -> List[Tuple[str, Dict[str, int]]]:
+    """(label, dim sizes) per case; positional dims are named '@k'."""
+    if layout in LAYOUT_DIMS:
+        return [("small", dict(DIM_SIZES)),
+                ("odd", {"N": 1, "C": 5, "H": 3, "W": 9}),
+                ("unit", {"N": 1, "C": 1, "H": 1, "W": 1}),
+                ("empty", {"N": 0, "C": 3, "H": 2, "W": 2}),
+                ("threaded", {"N": 2, "C": 8, "H": 41, "W": max(threshold // 600, 5)})]
+    shapes = [("0-d", ()), ("empty", (0,)), ("one", (1,)), ("odd", (37,)), ("2-d", (5, 7)),
+              ("4-d", (2, 3, 4, 5)), ("tile+1", (tile + 1,)), ("threaded", (threshold + 77,))]
+    return [(label, {f"@{len(s) - 1 - i}": n for i, n in enumerate(s)}) for label, s in shapes]
+
+
+def make_cases(spec: OpSpec, rng, tile: int = 1024, threshold: int = 32768,
+               special: bool = True) -> List[Case]:
+    main = _main_input(spec)
+    cases = []
+    for layout in spec.layouts:
+        anchor = LAYOUT_PHYSICAL.get(layout)
+        for label, sizes in _full_shapes(spec, layout, tile, threshold):
+            if anchor is None and any(i.shape for i in spec.inputs) and not sizes:
+                continue
+            full_names = anchor if anchor else tuple(sorted(sizes, key=lambda n: -int(n[1:])))
+            arrays, views = {}, {}
+            for k, i in enumerate(spec.inputs):
+                if i.shape is not None:
+                    shape = tuple(sizes.get(d, 3 + (hash(d) % 3)) for d in i.shape)
+                elif (i.layouts_declared and layout in LAYOUT_DIMS) or i.name == main:
+                    shape = tuple(sizes[n] for n in full_names)
+                else:
+                    # a broadcast partner: some dims of size 1, or fewer dims (NumPy rules)
+                    full = [sizes[n] for n in full_names]
+                    pattern = k % 3
+                    if pattern == 1 and full:
+                        full = [1 if j % 2 == 0 else s for j, s in enumerate(full)]
+                    elif pattern == 2 and len(full) > 1:
+                        full = full[1:]
+                    shape = tuple(full)
+                arrays[i.name] = _values(rng, shape, i.domain, special and i.name == main)
+                views[i.name] = ""
+            cases.append(Case(f"{layout} {label}", layout, arrays, views))
+            if label in ("2-d", "small", "odd", "4-d"):
+                for view in ("T", "rev", "step"):
+                    c = Case(f"{layout} {label} {view}", layout,
+                             {k: v.copy() for k, v in arrays.items()}, {k: view for k in arrays})
+                    cases.append(c)
+    return cases
+
+
+def smooth(case: Case, spec: OpSpec, rng) -> Case:
+    """The case with its special values (0, inf, nan) replaced by ordinary ones."""
+    arrays = {}
+    for k, v in case.arrays.items():
+        lo, hi = spec.input(k).domain
+        bad = ~np.isfinite(v) | (v == 0)
+        arrays[k] = np.where(bad, rng.uniform(lo, hi, v.shape), v) if bad.any() else v
+    return Case(case.label, case.layout, arrays, case.views)
+
+
+def layout_view(arr: np.ndarray, view: str) -> np.ndarray:
+    """The same values in a non-contiguous arrangement (values and shape are unchanged)."""
+    if arr.ndim == 0 or view == "":
+        return arr
+    if view == "T":  # stored transposed: a Fortran-ordered copy
+        return np.asfortranarray(arr)
+    if view == "rev":  # negative strides along every axis
+        buf = np.ascontiguousarray(arr[(slice(None, None, -1),) * arr.ndim])
+        return buf[(slice(None, None, -1),) * arr.ndim]
+    if view == "step":  # every other element of a bigger buffer
+        big = np.zeros(arr.shape[:-1] + (arr.shape[-1] * 2,), dtype=arr.dtype)
+        big[..., ::2] = arr
+        return big[..., ::2]
+    raise ValueError(view)
+
+
+def case_inputs(case: Case, dtype: str) -> Dict[str, np.ndarray]:
+    return {k: layout_view(v.astype(dtype), case.views[k]) for k, v in case.arrays.items()}
+
+
+def default_attrs(spec: OpSpec) -> Dict[str, object]:
+    out = {}
+    for a in spec.attrs:
+        if not a.required:
+            out[a.name] = a.default
+        elif a.type == "bool":
+            out[a.name] = True
+        elif a.range is not None and math.isfinite(a.range.low) and math.isfinite(a.range.high):
+            mid = (a.range.low + a.range.high) / 2
+            out[a.name] = int(round(mid)) if a.type == "int" else mid
+        else:
+            out[a.name] = 1 if a.type == "int" else 0.5
+    return out
+
+
+def attr_samples(spec: OpSpec, rng, count: int = 2) -> List[Dict[str, object]]:
+    """The defaults, then `count` random points inside each attr's range."""
+    samples = [default_attrs(spec)]
+    for _ in range(count):
+        attrs = {}
+        for a in spec.attrs:
+            lo, hi = (a.range.low, a.range.high) if a.range else (-2.0, 2.0)
+            lo, hi = max(lo, -4.0), min(hi, 4.0)
+            if a.type == "bool":
+                attrs[a.name] = bool(rng.integers(2))
+            elif a.type == "int":
+                attrs[a.name] = int(rng.integers(int(math.ceil(lo)), int(math.floor(hi)) + 1)) \
+                    if math.floor(hi) >= math.ceil(lo) else default_attrs(spec)[a.name]
+            else:
+                v = float(rng.uniform(lo, hi)) if hi > lo else lo
+                attrs[a.name] = v if a.range is None or v in a.range else default_attrs(spec)[a.name]
+        samples.append(attrs)
+    return samples
