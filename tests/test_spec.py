@@ -469,10 +469,10 @@ def test_output_like_must_name_an_input():
 
 # ------------------------------------------------------------------------------------- attrs
 
-def test_attr_type_must_be_float_int_or_bool():
+def test_attr_type_must_be_float_int_bool_or_str():
     text = decl((ALPHA_LINE, "  alpha: {type: double, default: 0.5}"))
     check(load_error(text), line_of(text, "double"),
-          "attrs.alpha.type: expected one of float, int, bool, got a string ('double')",
+          "attrs.alpha.type: expected one of float, int, bool, str, got a string ('double')",
           col=col_of(text, "double"))
 
 

@@ -11,8 +11,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ..errors import Loc, SpecError
 from ..quantize import fixed_point
-from .model import (ATTR_TYPES, DTYPES, FLOAT_DTYPES, LAYOUTS, RESERVED_NAMES, AttrSpec, Binding,
-                    InputSpec, Interval, OpSpec, OutputSpec, ScheduleSpec)
+from .model import (ATTR_TYPES, DTYPES, FINFO, FLOAT_DTYPES, LAYOUTS, RESERVED_NAMES, AttrSpec,
+                    Binding, DtypeLimit, InputSpec, Interval, OpSpec, OutputSpec, ScheduleSpec)
 from .yamlnodes import YNode, load_yaml
 
 _IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
@@ -143,7 +143,7 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
     for name, child in node.value.items():
         where = f"inputs.{name}"
         _check_name(name, node.key_loc(name), "inputs", taken)
-        f = _Map(child, where, ("dtypes", "layouts", "shape", "differentiable", "domain"))
+        f = _Map(child, where, ("dtypes", "layouts", "shape", "differentiable", "domain", "optional"))
         dtypes = _choices(f.need("dtypes"), f"{where}.dtypes", DTYPES)
         layouts_node = f.get("layouts")
         layouts = _choices(layouts_node, f"{where}.layouts", LAYOUTS) if layouts_node else ("ND",)
@@ -170,18 +170,36 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
                 raise SpecError(f"{where}.domain: expected finite bounds low < high, got {iv}",
                                 f.get("domain").loc)
             domain = (iv.low, iv.high)
+        optional = _bool(f.get("optional"), f"{where}.optional") if f.get("optional") else False
+        if optional and not specs:
+            raise SpecError(f"{where}.optional: the first input cannot be optional (it sets the "
+                            "call's shape and dtype); put optional inputs after it", f.get("optional").loc)
         taken[name.lower()] = "an input"
         specs.append(InputSpec(name, dtypes, layouts, layouts_node is not None, shape,
-                               differentiable, domain, node.key_loc(name)))
+                               differentiable, domain, node.key_loc(name), optional))
     if not specs:
         raise SpecError("inputs: declare at least one input", m.node.loc)
     return tuple(specs)
 
 
-def _attr_value(node: YNode, where: str, typ: str):
+_FINFO = re.compile(r"finfo\.(\w+)\Z")
+
+
+def _attr_value(node: YNode, where: str, typ: str, choices: Tuple[str, ...] = ()):
     v = node.value
     if typ == "bool":
         return _bool(node, where)
+    if typ == "str":
+        if v not in choices:
+            raise SpecError(f"{where}: expected one of the choices {', '.join(map(repr, choices))}, "
+                            f"got {_kind(v)}", node.loc)
+        return v
+    if typ == "float" and isinstance(v, str) and _FINFO.match(v):
+        which = _FINFO.match(v).group(1)
+        if which not in FINFO:
+            raise SpecError(f"{where}: finfo.{which} is not known; use one of "
+                            f"{', '.join('finfo.' + w for w in FINFO)}", node.loc)
+        return DtypeLimit(which)
     if typ == "int":
         return int(_number(node, where, integer=True))
     v = float(_number(node, where))
@@ -198,17 +216,18 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
     for name, child in node.value.items():
         where = f"attrs.{name}"
         _check_name(name, node.key_loc(name), "attrs", taken)
-        f = _Map(child, where, ("type", "default", "range", "null_means", "quantize"))
+        f = _Map(child, where, ("type", "default", "range", "null_means", "quantize", "choices"))
         typ_node = f.need("type")
         if typ_node.value not in ATTR_TYPES:
             raise SpecError(f"{where}.type: expected one of {', '.join(ATTR_TYPES)}, got {_kind(typ_node.value)}",
                             typ_node.loc)
         typ = typ_node.value
+        choices = _str_choices(f, where, typ)
         rng = _interval(f.get("range"), f"{where}.range") if f.get("range") is not None else None
         if rng is not None and typ == "int":
             rng = dataclasses.replace(rng, integral=True)
-        if rng is not None and typ == "bool":
-            raise SpecError(f"{where}.range: a bool attr takes no range", f.get("range").loc)
+        if rng is not None and typ in ("bool", "str"):
+            raise SpecError(f"{where}.range: a {typ} attr takes no range", f.get("range").loc)
         null_means = None
         if f.get("null_means") is not None:
             if typ != "float":
@@ -232,18 +251,45 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
                     raise SpecError(f"{where}.default: null is only allowed with null_means "
                                     "(the value the attr takes in expressions when it is null)", dn.loc)
             else:
-                default = _attr_value(dn, f"{where}.default", typ)
-                if rng is not None and default not in rng:
+                default = _attr_value(dn, f"{where}.default", typ, choices)
+                if rng is not None and not isinstance(default, (DtypeLimit, str)) and default not in rng:
                     raise SpecError(f"{where}.default: {default!r} is outside the range {rng}", dn.loc)
         taken[name.lower()] = "an attr"
+        if quantize is not None and isinstance(default, DtypeLimit):
+            raise SpecError(f"{where}.default: a quantized attr needs a number, not {default!r}", dn.loc)
         if quantize is not None and default is not None:
             try:
                 fixed_point(default, quantize)
             except ValueError as exc:
                 raise SpecError(f"{where}.default: {exc}", dn.loc) from None
         specs.append(AttrSpec(name, typ, default, required, rng, null_means, quantize,
-                              node.key_loc(name)))
+                              node.key_loc(name), choices))
     return tuple(specs)
+
+
+def _str_choices(f: "_Map", where: str, typ: str) -> Tuple[str, ...]:
+    """The choices of a str attr: names, each of which compiles to kernels of its own."""
+    cn = f.get("choices")
+    if typ != "str":
+        if cn is not None:
+            raise SpecError(f"{where}.choices: only str attrs take choices", cn.loc)
+        return ()
+    if cn is None:
+        raise SpecError(f"{where}: a str attr needs `choices: [...]`, the values it may take",
+                        f.node.loc)
+    items = _list(cn, f"{where}.choices")
+    if not items:
+        raise SpecError(f"{where}.choices: give at least one choice", cn.loc)
+    out = []
+    for item in items:
+        value = item.value
+        if not isinstance(value, str) or not _IDENT.match(value) or keyword.iskeyword(value):
+            raise SpecError(f"{where}.choices: {value!r} is not allowed; a choice is a name of "
+                            "letters, digits and underscores, starting with a letter", item.loc)
+        if value in out:
+            raise SpecError(f"{where}.choices: {value!r} is listed twice", item.loc)
+        out.append(value)
+    return tuple(out)
 
 
 def _outputs(node: YNode, taken: Dict[str, str], inputs: Tuple[InputSpec, ...]) -> Tuple[OutputSpec, ...]:
@@ -261,6 +307,9 @@ def _outputs(node: YNode, taken: Dict[str, str], inputs: Tuple[InputSpec, ...]) 
                 if like not in [i.name for i in inputs]:
                     raise SpecError(f"{where}.like: {like!r} is not an input; expected one of: "
                                     f"{', '.join(i.name for i in inputs)}", ln.loc)
+                if next(i for i in inputs if i.name == like).optional:
+                    raise SpecError(f"{where}.like: {like!r} is optional, so it cannot give the "
+                                    "output its shape; name an input every call has", ln.loc)
         taken[name.lower()] = "an output"
         specs.append(OutputSpec(name, like, node.key_loc(name)))
     if not specs:

@@ -16,11 +16,28 @@ LAYOUTS = ("ND", "NCHW", "NHWC")
 # The logical dims that a 4-d layout names, and their physical order in memory.
 LAYOUT_DIMS = {"NCHW": ("N", "C", "H", "W"), "NHWC": ("N", "C", "H", "W")}
 LAYOUT_PHYSICAL = {"NCHW": ("N", "C", "H", "W"), "NHWC": ("N", "H", "W", "C")}
-ATTR_TYPES = ("float", "int", "bool")
+ATTR_TYPES = ("float", "int", "bool", "str")
+# the limits of a float dtype that declarations may name (`finfo.max` ...), as NumPy's finfo
+FINFO = ("max", "min", "eps", "tiny")
 # Keywords every operator call accepts; no input, attr or output may take these names.
 RESERVED_NAMES = ("out", "layout", "precision_mode", "clip", "self", "name", "spec", "backward")
 
-Scalar = Union[float, int, bool, None]
+Scalar = Union[float, int, bool, str, None]
+
+
+@dataclass(frozen=True)
+class DtypeLimit:
+    """`finfo.max` and its kin: a number that depends on the call's dtype (the storage dtype of
+    its float data: 65504 for float16), as NumPy's `np.finfo(dtype).<which>`."""
+
+    which: str
+
+    def value(self, dtype) -> float:
+        import numpy as np
+        return float(getattr(np.finfo(dtype), self.which))
+
+    def __repr__(self) -> str:
+        return f"finfo.{self.which}"
 
 
 def _expr_form(text: str) -> str:
@@ -66,18 +83,20 @@ class InputSpec:
     differentiable: bool
     domain: Tuple[float, float]       # where validation samples values
     loc: Loc
+    optional: bool = False            # may be None at call time (is_given(name) tells)
 
 
 @dataclass(frozen=True)
 class AttrSpec:
     name: str
-    type: str                         # float | int | bool
-    default: Scalar
+    type: str                         # float | int | bool | str
+    default: Union[Scalar, DtypeLimit]  # a DtypeLimit takes its value from the call's dtype
     required: bool
     range: Optional[Interval]
     null_means: Optional[float]       # value a None (null) attr takes inside expressions
     quantize: Optional[int]           # fixed-point bits: the attr is m / 2**bits (integer kernels)
     loc: Loc
+    choices: Tuple[str, ...] = ()     # the values of a str attr; each compiles to its own kernels
 
     @property
     def nullable(self) -> bool:
@@ -189,10 +208,11 @@ class OpSpec:
         return {
             "name": self.name,
             "inputs": [[i.name, list(i.dtypes), list(i.layouts), i.layouts_declared,
-                        list(i.shape) if i.shape else None, i.differentiable, list(i.domain)]
-                       for i in self.inputs],
-            "attrs": [[a.name, a.type, a.default, a.required, str(a.range) if a.range else None,
-                       a.null_means, a.quantize] for a in self.attrs],
+                        list(i.shape) if i.shape else None, i.differentiable, list(i.domain),
+                        i.optional] for i in self.inputs],
+            "attrs": [[a.name, a.type, repr(a.default) if isinstance(a.default, DtypeLimit)
+                       else a.default, a.required, str(a.range) if a.range else None,
+                       a.null_means, a.quantize, list(a.choices)] for a in self.attrs],
             "outputs": [[o.name, o.like] for o in self.outputs],
             "forward": [[b.name, _expr_form(b.expr)] for b in self.forward],
             "backward": [[b.name, _expr_form(b.expr)] for b in self.backward] if self.backward else None,
