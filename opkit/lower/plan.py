@@ -6,6 +6,7 @@ A plan is a pure function of the declaration: nothing in it depends on the machi
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
@@ -25,20 +26,29 @@ class Value:
     kind: Kind
     name: str           # the input's or output's name (dx for a gradient), the temp's number
 
+    def __hash__(self) -> int:  # the runtime keys its arrays by Value on every call: keep it cheap
+        return hash(self.name)
+
     def __str__(self) -> str:  # how people see it: x, dy, dx, tmp0
         return f"tmp{self.name}" if self.kind is Kind.TEMP else self.name
 
+    # one object per value: the runtime's dict lookups then match by identity, never by __eq__
     @classmethod
     def input(cls, name: str) -> "Value":
-        return cls(Kind.INPUT, name)
+        return _interned(cls, Kind.INPUT, name)
 
     @classmethod
     def output(cls, name: str) -> "Value":
-        return cls(Kind.OUTPUT, name)
+        return _interned(cls, Kind.OUTPUT, name)
 
     @classmethod
     def temp(cls, number: int) -> "Value":
-        return cls(Kind.TEMP, str(number))
+        return _interned(cls, Kind.TEMP, str(number))
+
+
+@functools.lru_cache(maxsize=None)
+def _interned(cls, kind: Kind, name: str) -> Value:
+    return cls(kind, name)
 
 
 @dataclass(frozen=True)
@@ -114,11 +124,11 @@ class Kernel:
     results: Tuple[Operand, ...]  # what is stored to each output
     locs: Tuple[Loc, ...] = ()    # declaration lines this kernel comes from
 
-    @property
+    @functools.cached_property
     def operands(self) -> Tuple[Value, ...]:
         return self.inputs + self.outputs
 
-    @property
+    @functools.cached_property
     def prologue(self) -> Tuple[Instr, ...]:
         """The steps computed from attrs and constants alone: float kernels compute them once per
         call in double precision before rounding to the compute type (1e20 * 1e20 / 1e30 fits
@@ -130,14 +140,14 @@ class Kernel:
                 out.append(ins)
         return tuple(out)
 
-    @property
+    @functools.cached_property
     def prologue_results(self) -> Tuple[Reg, ...]:
         """The prologue values the element loop reads (the others are steps on the way)."""
         hoisted = {i.dst for i in self.prologue}
         used = {a for i in self.body if i.dst not in hoisted for a in i.args} | set(self.results)
         return tuple(i.dst for i in self.prologue if i.dst in used)
 
-    @property
+    @functools.cached_property
     def loop_attrs(self) -> Tuple[str, ...]:
         """The attrs the element loop reads as they are (not only through the prologue)."""
         hoisted = {i.dst for i in self.prologue}
@@ -146,7 +156,7 @@ class Kernel:
         used |= {r.name for r in self.results if isinstance(r, Attr)}
         return tuple(a for a in self.attrs if a in used)
 
-    @property
+    @functools.cached_property
     def scalar_calls(self) -> Tuple[str, ...]:
         """The libm functions the body calls that keep its element loop scalar."""
         from ..dsl.primitives import PRIMITIVES

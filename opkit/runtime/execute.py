@@ -1,6 +1,7 @@
 """Run a lowered plan on checked arrays: allocate, call kernels, run library steps."""
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -16,6 +17,13 @@ from .geometry import geometry, operand_strides
 Array = Tuple[np.ndarray, Tuple[str, ...]]   # an array and the dim names of its axes
 
 
+@functools.lru_cache(maxsize=None)
+def _instance(dtype: np.dtype) -> Tuple[str, np.dtype]:
+    """The kernel instance (f, d, i, l) a result dtype runs on, and the dtype of its temps."""
+    name = dtype_name(dtype)
+    return instance_tag(name), np.dtype(compute_dtype(name))
+
+
 class Executor:
     """A plan plus what the runtime precomputes about it once."""
 
@@ -23,6 +31,7 @@ class Executor:
         self.plan = plan
         self.where = where
         self._geometries: Dict[tuple, np.ndarray] = {}  # kernel geometry per operand layout
+        self.values = {n: Value.input(n) for n in plan.inputs}  # arrays by the name they bind to
         self.readers: Dict[Value, List[int]] = {}
         for i, step in enumerate(plan.steps):
             for v in (step.inputs if isinstance(step, Kernel) else step.args):
@@ -42,11 +51,11 @@ class Executor:
         """`out_arrays`: caller-given outputs; `like`: (array, names) each output takes its layout
         from; `clip`: clamp every result to [-clip, clip] (backward: gradient clipping), inside
         the kernel that writes it when nothing reduces it afterwards."""
-        env: Dict[Value, Array] = {Value.input(n): v for n, v in bound.values.items()}
+        values = self.values
+        env: Dict[Value, Array] = {values[n]: v for n, v in bound.values.items()}
         results: Dict[str, np.ndarray] = {}
         skipped = set()
-        tag = instance_tag(dtype_name(bound.dtype))
-        temp_dtype = np.dtype(compute_dtype(dtype_name(bound.dtype)))
+        tag, temp_dtype = _instance(bound.dtype)
         for vid, arr in out_arrays.items():
             env[vid] = (arr, like[vid][1])
         for step in self.plan.steps:
@@ -64,7 +73,7 @@ class Executor:
                     continue
                 lib = self.direct.get(vid)
                 if lib is not None:
-                    target = env[Value.input(lib.params[0])]
+                    target = env[values[lib.params[0]]]
                     nm = named.union_names([n for _, n in ins])
                     sizes = named.dim_sizes(ins, [str(v) for v in step.inputs])
                     shape = tuple(sizes[n] for n in nm)

@@ -49,6 +49,10 @@ class Op:
         self._builds: Dict[str, BuildResult] = {}
         self._lowered = lowered
         self._executors: Optional[Tuple[Executor, Optional[Executor]]] = None
+        # the arrays a call writes, named once: calls key their arrays by these
+        self._outputs = {o.name: Value.output(o.name) for o in spec.outputs}
+        self._grads = {i.name: Value.output("d" + i.name) for i in spec.inputs}
+        self._inplace = {(self._outputs[o], i) for o, i in spec.schedule.inplace}
 
     def __repr__(self) -> str:
         ins = ", ".join(self.spec.input_names)
@@ -135,7 +139,7 @@ class Op:
                 raise ValueError(f"{where}: {label} must have shape {tuple(shape)}, got {arr.shape}")
             if not arr.flags.writeable:
                 raise ValueError(f"{where}: {label} is read-only")
-            result[Value.output(o.name)] = arr
+            result[self._outputs[o.name]] = arr
         arrs = list(result.values())
         for i in range(len(arrs)):
             for j in range(i + 1, len(arrs)):
@@ -146,7 +150,7 @@ class Op:
     def _resolve_overlap(self, bound: Bound, outs: Dict[str, np.ndarray]) -> None:
         """An input sharing memory with an out array is copied first, unless it is exactly the
         same array and the declaration lets that output overwrite it (schedule.inplace)."""
-        inplace = {(Value.output(o), i) for o, i in self.spec.schedule.inplace}
+        inplace = self._inplace
         for vid, out_arr in outs.items():
             for name, (arr, names) in list(bound.values.items()):
                 if not np.may_share_memory(out_arr, arr):
@@ -183,7 +187,7 @@ class Op:
             out_names, shape, like_arr = bound.outputs[o.name]
             if like_arr is None:
                 like_arr = np.broadcast_to(np.empty((), bound.dtype), shape)
-            like[Value.output(o.name)] = (like_arr, out_names)
+            like[self._outputs[o.name]] = (like_arr, out_names)
         return like
 
     def __call__(self, *args, out=None, layout: Optional[str] = None,
@@ -265,8 +269,8 @@ class Op:
         like, dtypes = {}, {}
         for name in self.graphs.differentiable:
             arr, names = bound.values[name]
-            like[Value.output("d" + name)] = (arr, names)
-            dtypes[Value.output("d" + name)] = arr.dtype  # a gradient takes its input's dtype
+            like[self._grads[name]] = (arr, names)
+            dtypes[self._grads[name]] = arr.dtype  # a gradient takes its input's dtype
         results = self._bwd.run(bound, self.module(), {}, dtypes, like, clip)
         return tuple(results.get(f"d{n}") for n in self.spec.input_names)
 

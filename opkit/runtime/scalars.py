@@ -58,37 +58,56 @@ def check_scalars(spec: OpSpec, plan: Plan, attrs: Dict[str, object], dtype: np.
     name = dtype_name(dtype)
     if compute_dtype(name) != "float32":
         return
-    for kernel in plan.kernels:
-        for a in kernel.loop_attrs:
-            v = attrs[a]
-            if spec.attr(a).type != "float" or v is None:
-                continue
-            if overflows(v):
-                raise ValueError(f"{where}: {a}={v!r} does not fit {_advice(name)}, or a value of "
-                                 f"{a} within ±3.4e38")
-            if vanishes(v):
-                raise ValueError(f"{where}: {a}={v!r} rounds to 0 in {_advice(name)}, or a value "
-                                 f"of {a} of magnitude 1.4e-45 or more")
-        values: Dict = {}
-        texts: Dict = {}
-        crossing = kernel.prologue_results
-        for ins in kernel.prologue:
-            args = [_operand(a, values, attrs) for a in ins.args]
-            with np.errstate(all="ignore"):
-                v = PRIMITIVES[ins.op].numpy(*[np.float64(x) if not isinstance(x, bool)
-                                                else np.bool_(x) for x in args])
-            values[ins.dst] = bool(v) if ins.kind == "bool" else float(v)
-            parts: List[str] = [_text(a, texts) for a in ins.args]
-            texts[ins.dst] = (f"({parts[0]} {_SYMBOLS[ins.op]} {parts[1]})" if ins.op in _SYMBOLS
-                              else f"-{parts[0]}" if ins.op == "neg"
-                              else f"{ins.op}({', '.join(parts)})")
-            if ins.kind == "float" and ins.dst in crossing and overflows(values[ins.dst]):
-                used = sorted(set(_attrs_of(ins.dst, kernel.prologue)))
-                given = ", ".join(f"{a}={attrs[a]!r}" for a in used)
-                line = f" ({ins.loc})" if ins.loc else ""
-                raise ValueError(f"{where}: {texts[ins.dst]}{line} is {values[ins.dst]:.6g} with "
-                                 f"{given}, which does not fit {_advice(name)}, or change "
-                                 f"{' or '.join(used)}")
+    float_attrs, prologues = _what_to_check(spec, plan)
+    for a in float_attrs:
+        v = attrs[a]
+        if v is None:
+            continue
+        if overflows(v):
+            raise ValueError(f"{where}: {a}={v!r} does not fit {_advice(name)}, or a value of "
+                             f"{a} within ±3.4e38")
+        if vanishes(v):
+            raise ValueError(f"{where}: {a}={v!r} rounds to 0 in {_advice(name)}, or a value "
+                             f"of {a} of magnitude 1.4e-45 or more")
+    for kernel in prologues:
+        _check_prologue(kernel, attrs, name, where)
+
+
+_CHECKS: Dict[int, tuple] = {}
+
+
+def _what_to_check(spec: OpSpec, plan: Plan):
+    """(float attrs the element loops read, kernels with a prologue): the same for every call."""
+    found = _CHECKS.get(id(plan))
+    if found is None or found[0] is not plan:
+        float_attrs = sorted({a for k in plan.kernels for a in k.loop_attrs
+                              if spec.attr(a).type == "float"})
+        found = (plan, float_attrs, [k for k in plan.kernels if k.prologue_results])
+        _CHECKS[id(plan)] = found
+    return found[1], found[2]
+
+
+def _check_prologue(kernel, attrs: Dict[str, object], name: str, where: str) -> None:
+    values: Dict = {}
+    texts: Dict = {}
+    crossing = kernel.prologue_results
+    for ins in kernel.prologue:
+        args = [_operand(a, values, attrs) for a in ins.args]
+        with np.errstate(all="ignore"):
+            v = PRIMITIVES[ins.op].numpy(*[np.float64(x) if not isinstance(x, bool)
+                                            else np.bool_(x) for x in args])
+        values[ins.dst] = bool(v) if ins.kind == "bool" else float(v)
+        parts: List[str] = [_text(a, texts) for a in ins.args]
+        texts[ins.dst] = (f"({parts[0]} {_SYMBOLS[ins.op]} {parts[1]})" if ins.op in _SYMBOLS
+                          else f"-{parts[0]}" if ins.op == "neg"
+                          else f"{ins.op}({', '.join(parts)})")
+        if ins.kind == "float" and ins.dst in crossing and overflows(values[ins.dst]):
+            used = sorted(set(_attrs_of(ins.dst, kernel.prologue)))
+            given = ", ".join(f"{a}={attrs[a]!r}" for a in used)
+            line = f" ({ins.loc})" if ins.loc else ""
+            raise ValueError(f"{where}: {texts[ins.dst]}{line} is {values[ins.dst]:.6g} with "
+                             f"{given}, which does not fit {_advice(name)}, or change "
+                             f"{' or '.join(used)}")
 
 
 def _attrs_of(dst, prologue) -> List[str]:
