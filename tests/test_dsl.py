@@ -191,13 +191,16 @@ def test_square_becomes_a_multiply():
     assert n.op == "mul" and n.args[0] is n.args[1] and n.args[0].op == "add"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("a ** b", "exponent of \\*\\* must be a constant"),
-    ("2 ** a", "exponent of \\*\\* must be a constant"),
-])
-def test_power_needs_a_constant_exponent(text, message):
-    with pytest.raises(SpecError, match=message):
-        expr(text)
+@pytest.mark.parametrize("text", ["a ** b", "2 ** a", "pow(a, b)"])
+def test_power_takes_tensor_exponents(text):
+    n, i = expr(text)
+    assert n.op == "pow" and not n.args[1].is_const
+    assert same(text.replace("pow(a, b)", "a ** b"), text)
+
+
+def test_power_exponent_must_be_a_number():
+    with pytest.raises(SpecError, match="the exponent of \\*\\* must be a number"):
+        expr("a ** (x > 0)")
 
 
 def test_chained_comparison_is_an_and_of_comparisons():
@@ -292,11 +295,12 @@ def test_hash_consing_shares_equal_subexpressions():
     assert n1 is not n2 and n1.args[0] is n2.args[0]
 
 
-def test_clamp_is_min_of_max():
+def test_clamp_is_a_primitive_with_the_value_of_min_of_max():
+    # its own primitive: PyTorch gives x the whole gradient at the bounds, where min and max
+    # would split it
     n, i = expr("clamp(x, a, b)")
-    assert n.op == "min" and n.args[1] is i["b"]
-    assert n.args[0].op == "max" and n.args[0].args == (i["x"], i["a"])
-    assert same("clamp(x, a, b)", "min(max(x, a), b)")
+    assert n.op == "clamp" and n.args == (i["x"], i["a"], i["b"])
+    assert not same("clamp(x, a, b)", "min(max(x, a), b)")
 
 
 def test_format_shows_shared_subexpressions_once():
@@ -523,14 +527,16 @@ def test_min_max_nan_propagates(op):
 
 
 @pytest.mark.parametrize("op", ["min", "max"])
-def test_min_max_gradient_goes_to_first_argument_on_tie_and_nan(op):
-    x = [1.5, -2.0, np.nan, 1.0, 3.0]
-    w = [1.5, -2.0, 0.0, 3.0, 1.0]
-    dy = [10.0, 20.0, 30.0, 40.0, 50.0]
+def test_min_max_gradient_splits_ties_and_gives_nan_to_both(op):
+    # PyTorch's minimum/maximum: half each on a tie; both take it where the pair is unordered
+    x = [1.5, -2.0, np.nan, 1.0, 3.0, 0.0]
+    w = [1.5, -2.0, 0.0, 3.0, 1.0, np.nan]
+    dy = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
     _, grads = _minmax(op, x, w, dy)
-    first = [True, True, True, op == "min", op == "max"]
-    np.testing.assert_array_equal(grads["x"], np.where(first, dy, 0.0))
-    np.testing.assert_array_equal(grads["w"], np.where(first, 0.0, dy))
+    picked = [0.5, 0.5, 1.0, float(op == "min"), float(op == "max"), 1.0]
+    other = [0.5, 0.5, 1.0, float(op == "max"), float(op == "min"), 1.0]
+    np.testing.assert_array_equal(grads["x"], np.multiply(picked, dy))
+    np.testing.assert_array_equal(grads["w"], np.multiply(other, dy))
 
 
 def test_clamp_propagates_nan_and_maps_infinities():

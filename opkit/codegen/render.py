@@ -229,10 +229,10 @@ def _schedule_text(schedule: Schedule, target: Target) -> str:
 
 def loop_text(kernel: Kernel, instances: List[ComputeType], target: Target) -> str:
     """What the element loop compiles to; tests compare it with the compiler's report."""
-    calls = kernel.scalar_calls
+    calls = kernel.scalar_calls(target.features)
     if calls:
-        return (f"scalar (calls {', '.join(calls)}: libm functions the C compiler does not "
-                "vectorize without -ffast-math)")
+        return (f"scalar (calls {', '.join(calls)}: functions the C compiler does not "
+                "vectorize for this target without -ffast-math)")
     text = f"vectorized, {target.vector_bytes}-byte vectors"
     # GCC multiplies 64-bit lanes with AVX-512DQ, or emulates it from 32-bit multiplies with
     # AVX2 / AVX-512F; the baseline SSE2 target keeps that loop scalar

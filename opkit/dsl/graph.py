@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Set, Tuple
+from typing import Dict, Optional, Set, Tuple
 
 from ..errors import SpecError
 from ..spec.model import LAYOUT_DIMS, OpSpec
@@ -10,7 +10,8 @@ from .autodiff import vjp
 from .ir import Node, format_expr, scope as ir_scope, topo_order
 from .library import LIBRARY, sum_to
 from .primitives import PRIMITIVES
-from .parse import FUNCTION_NAMES, Source, parse_expr
+from .parse import FUNCTION_NAMES, Source, Specialization, parse_expr
+from .variants import Variant, variants
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ class OpGraphs:
     backward: Graph               # the declared backward if given, else the derived one
     derived: Graph                # always the derivation from the forward graph
     declared: bool
-    differentiable: Tuple[str, ...]
+    differentiable: Tuple[str, ...]   # the inputs that take gradients (and are present)
+    variant: Optional[Variant] = None  # what str attrs and optional inputs decided
 
 
 def input_dims(spec: OpSpec, name: str):
@@ -83,8 +85,17 @@ def _scope(spec: OpSpec) -> Dict[str, Node]:
     for i in spec.inputs:
         scope[i.name] = Node("input", (), (i.name,), "float", input_dims(spec, i.name), i.loc)
     for a in spec.attrs:
-        scope[a.name] = Node("attr", (), (a.name,), "bool" if a.type == "bool" else "float", (), a.loc)
+        if a.type != "str":  # a str attr is no value: comparisons with it fold (Specialization)
+            scope[a.name] = Node("attr", (), (a.name,), "bool" if a.type == "bool" else "float",
+                                 (), a.loc)
     return scope
+
+
+def _specialization(spec: OpSpec, variant: Variant) -> Specialization:
+    chosen = dict(variant.choices)
+    return Specialization(
+        tuple((a.name, chosen[a.name], a.choices) for a in spec.attrs if a.type == "str"),
+        tuple((i.name, i.name in variant.given) for i in spec.inputs if i.optional))
 
 
 def kinks(roots) -> Tuple[Node, ...]:
@@ -118,7 +129,7 @@ def _check_dims(spec: OpSpec, root: Node, src: Source, checked: Set[int]) -> Non
 
 
 def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: Dict[str, str],
-          checked: Set[int]):
+          checked: Set[int], special: Specialization):
     for b in bindings:
         if b.name in fixed:
             raise SpecError(f"{section}.{b.name}: {b.name!r} is already {fixed[b.name]}", b.name_loc)
@@ -126,25 +137,45 @@ def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: D
             raise SpecError(f"{section}.{b.name}: {b.name!r} is the name of a function of the "
                             "expression language; pick another name", b.name_loc)
         src = Source(b.expr, b.loc, f"{section}.{b.name}", b.pieces)
-        node = parse_expr(src, scope)
+        node = parse_expr(src, scope, special)
         _check_dims(spec, node, src, checked)
         scope[b.name] = node
         fixed[b.name] = f"defined earlier in {section}"
     return scope
 
 
-def build_graphs(spec: OpSpec) -> OpGraphs:
-    """Parse forward (and backward) expressions; derive the backward graph; check both."""
+def build_graphs(spec: OpSpec, variant: Optional[Variant] = None) -> OpGraphs:
+    """Parse forward (and backward) expressions; derive the backward graph; check both. An
+    operator with str attrs or optional inputs has several variants (the first by default)."""
     with ir_scope():
-        return _build(spec)
+        return _build(spec, variant if variant is not None else variants(spec)[0])
 
 
-def _build(spec: OpSpec) -> OpGraphs:
+def _absent_used(spec: OpSpec, variant: Variant, roots, section: str, bindings) -> None:
+    """An optional input the variant does not give must not reach a result."""
+    absent = {i.name for i in spec.inputs if i.optional and i.name not in variant.given}
+    used = [n.name for n in topo_order(list(roots)) if n.op == "input" and n.name in absent]
+    if used:
+        name = used[0]
+        where = next((b for b in bindings if _mentions(b.expr, name)), None)
+        raise SpecError(f"{section}: the optional input {name!r} is used where a call may not "
+                        f"give it; use it under is_given({name}), as in "
+                        f"`{name} if is_given({name}) else ...`",
+                        where.loc if where is not None else spec.input(name).loc)
+
+
+def _mentions(text: str, name: str) -> bool:
+    import re
+    return re.search(rf"\b{re.escape(name)}\b", text) is not None
+
+
+def _build(spec: OpSpec, variant: Variant) -> OpGraphs:
+    special = _specialization(spec, variant)
     scope = _scope(spec)
     fixed = {i.name: "an input" for i in spec.inputs}
     fixed.update({a.name: "an attr" for a in spec.attrs})
     checked: Set[int] = set()  # nodes whose dims are checked (nodes live as long as the scope)
-    _bind(spec, "forward", spec.forward, scope, dict(fixed), checked)
+    _bind(spec, "forward", spec.forward, scope, dict(fixed), checked, special)
     outputs = []
     for o in spec.outputs:
         if o.name not in scope or o.name in fixed:
@@ -156,29 +187,33 @@ def _build(spec: OpSpec) -> OpGraphs:
             raise SpecError(f"forward.{o.name}: an output must be a number, but this is a true/false "
                             "condition; use where(cond, a, b)", b.loc)
         outputs.append((o.name, node))
-    input_nodes = tuple(scope[i.name] for i in spec.inputs)
-    forward = Graph("forward", spec.input_names, spec.attr_names, tuple(outputs), input_nodes,
+    _absent_used(spec, variant, (n for _, n in outputs), "forward", spec.forward)
+    present = tuple(i.name for i in spec.inputs if not i.optional or i.name in variant.given)
+    attrs = tuple(a.name for a in spec.attrs if a.type != "str")
+    input_nodes = tuple(scope[n] for n in present)
+    forward = Graph("forward", present, attrs, tuple(outputs), input_nodes,
                     kinks(n for _, n in outputs))
 
-    diff = tuple(i.name for i in spec.inputs if i.differentiable)
+    diff = tuple(i.name for i in spec.inputs if i.differentiable and i.name in present)
     cot_nodes = {}
     for name, node in outputs:
         cot_nodes["d" + name] = Node("input", (), ("d" + name,), "float", node.dims, None)
     grads = vjp([(node, cot_nodes["d" + name]) for name, node in outputs],
                 [scope[n] for n in diff])
-    bw_inputs = spec.input_names + tuple(cot_nodes)
+    bw_inputs = present + tuple(cot_nodes)
     bw_input_nodes = input_nodes + tuple(cot_nodes.values())
-    derived = Graph("backward", bw_inputs, spec.attr_names, tuple(zip(diff, grads)), bw_input_nodes)
+    derived = Graph("backward", bw_inputs, attrs, tuple(zip(diff, grads)), bw_input_nodes)
 
     backward = derived
     if spec.backward is not None:
-        backward = Graph("backward", bw_inputs, spec.attr_names,
-                         _declared_grads(spec, scope, fixed, cot_nodes, diff, checked),
-                         bw_input_nodes)
-    return OpGraphs(forward, backward, derived, spec.backward is not None, diff)
+        grads = _declared_grads(spec, scope, fixed, cot_nodes, diff, checked, special)
+        _absent_used(spec, variant, (n for _, n in grads), "backward", spec.backward)
+        backward = Graph("backward", bw_inputs, attrs, grads, bw_input_nodes)
+    return OpGraphs(forward, backward, derived, spec.backward is not None, diff, variant)
 
 
-def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff, checked: Set[int]):
+def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff, checked: Set[int],
+                    special: Specialization):
     """The hand-written backward: one gradient per differentiable input, temporaries allowed."""
     bscope = dict(scope)
     bscope.update(cot_nodes)
@@ -189,13 +224,15 @@ def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff, checked: Set[in
     given = {}
     for b in spec.backward:
         if b.name not in spec.input_names:
-            _bind(spec, "backward", [b], bscope, bfixed, checked)
+            _bind(spec, "backward", [b], bscope, bfixed, checked, special)
             continue
+        if spec.input(b.name).optional and b.name not in diff:
+            continue  # the gradient of an optional input this variant does not give
         if b.name not in diff:
             raise SpecError(f"backward.{b.name}: input {b.name!r} is declared differentiable: false, "
                             "so it takes no gradient", b.name_loc)
         src = Source(b.expr, b.loc, f"backward.{b.name}", b.pieces)
-        node = parse_expr(src, bscope)
+        node = parse_expr(src, bscope, special)
         _check_dims(spec, node, src, checked)
         if node.kind != "float":
             raise src.error("a gradient must be a number, not a true/false condition")

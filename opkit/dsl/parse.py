@@ -11,31 +11,28 @@ import io
 import math
 import tokenize
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import Loc, SpecError
 from .ir import Node, const
 from . import library
-from .primitives import apply
+from .primitives import PRIMITIVES, apply
 
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
            ast.BitAnd: "and", ast.BitOr: "or"}
 _CMPOPS = {ast.Gt: "gt", ast.GtE: "ge", ast.Lt: "lt", ast.LtE: "le", ast.Eq: "eq", ast.NotEq: "ne"}
 _CONSTANTS = {"pi": math.pi, "e": math.e, "inf": math.inf}
-# functions of the language: name -> (number of arguments, builder)
+def _primitive_builder(name: str):
+    return lambda *args: apply(name, *args)
+
+
+# functions of the language: name -> (number of arguments, builder). The elementwise ones come
+# from the primitive records (Primitive.function); the library calls and aliases are here.
 _FUNCTIONS: Dict[str, tuple] = {
-    "where": (3, lambda c, x, y: apply("where", c, x, y)),
-    "min": (2, lambda x, y: apply("min", x, y)),
-    "max": (2, lambda x, y: apply("max", x, y)),
-    "clamp": (3, lambda x, lo, hi: apply("min", apply("max", x, lo), hi)),
-    "exp": (1, lambda x: apply("exp", x)),
-    "log": (1, lambda x: apply("log", x)),
-    "expm1": (1, lambda x: apply("expm1", x)),
-    "log1p": (1, lambda x: apply("log1p", x)),
-    "sqrt": (1, lambda x: apply("sqrt", x)),
-    "abs": (1, lambda x: apply("abs", x)),
-    "sigmoid": (1, lambda x: apply("sigmoid", x)),
-    "tanh": (1, lambda x: apply("tanh", x)),
+    **{p.function: (len(p.arg_kinds), _primitive_builder(p.name))
+       for p in PRIMITIVES.values() if p.function},
+    "minimum": (2, _primitive_builder("min")),   # NumPy's spellings
+    "maximum": (2, _primitive_builder("max")),
     "matmul": (2, library.matmul),
     "sum": (2, library.dsl_sum),
     "fft_up": (3, library.fft_up),
@@ -74,9 +71,29 @@ class Source:
         return SpecError(f"{self.what}: {message}", self.position(offset), excerpt)
 
 
+@dataclass(frozen=True)
+class Specialization:
+    """What is known when a variant's expressions are parsed: the value of each str attr (and
+    its choices), and which optional inputs the variant gives. Comparisons of a str attr with a
+    string and `is_given(name)` fold to constants (opkit/dsl/variants.py)."""
+
+    strings: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = ()   # (attr, value, choices)
+    optional: Tuple[Tuple[str, bool], ...] = ()                  # (input, given)
+
+    def string(self, name: str):
+        return next(((v, c) for n, v, c in self.strings if n == name), None)
+
+    def given(self, name: str) -> Optional[bool]:
+        return next((g for n, g in self.optional if n == name), None)
+
+
+# dtype limits an expression may name, as NumPy's finfo of the call's float dtype
+FINFO = ("max", "min", "eps", "tiny")
+
+
 class _Parser:
-    def __init__(self, src: Source, names: Dict[str, Node]):
-        self.src, self.names = src, names
+    def __init__(self, src: Source, names: Dict[str, Node], special: Specialization):
+        self.src, self.names, self.special = src, names, special
         self.done: Dict[int, Node] = {}  # id of an ast node -> its graph node
 
     def expr(self, root: ast.AST) -> Node:
@@ -97,7 +114,9 @@ class _Parser:
 
     def operands(self, node: ast.AST) -> List[ast.AST]:
         """The subexpressions to evaluate before `node` (checking first what needs no values)."""
-        if isinstance(node, (ast.Constant, ast.Name)):
+        if isinstance(node, (ast.Constant, ast.Name)) or self._string_test(node) or \
+                self._finfo(node) or (isinstance(node, ast.Call) and
+                                      getattr(node.func, "id", None) == "is_given"):
             return []
         if isinstance(node, ast.BinOp):
             return [node.left, node.right]
@@ -113,7 +132,7 @@ class _Parser:
             return self._call_operands(node)
         raise self.src.error(f"{_describe(node)} is not part of the expression language; "
                              "use numbers, names, + - * / **, comparisons, & | ~, "
-                             f"and the functions {', '.join(_FUNCTIONS)}", node)
+                             f"and the functions {', '.join(sorted(_FUNCTIONS))}", node)
 
     def loc(self, node: ast.AST) -> Loc:
         return self.src.position(getattr(node, "col_offset", 0))
@@ -137,9 +156,15 @@ class _Parser:
             return const(v, "bool")
         if isinstance(v, (int, float)):
             return const(float(v))
+        if isinstance(v, str):
+            raise self.src.error(f"a string such as {v!r} can only be compared with a str attr "
+                                 '(approximate == "tanh")', node)
         raise self.src.error(f"the constant {v!r} is not a number", node)
 
     def _Name(self, node: ast.Name) -> Node:
+        if self.special.string(node.id) is not None:
+            raise self.src.error(f"{node.id} is a str attr: compare it with one of its choices, "
+                                 f'as in `a if {node.id} == "..." else b`', node)
         if node.id in self.names:
             return self.names[node.id]
         if node.id in _CONSTANTS:
@@ -150,13 +175,59 @@ class _Parser:
         hint = f"; did you mean {close[0]!r}?" if close else (f"; known names: {', '.join(known)}" if known else "")
         raise self.src.error(f"undefined name {node.id!r}{hint}", node)
 
+    def _finfo(self, node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+            node.value.id == "finfo"
+
+    def _Attribute(self, node: ast.Attribute) -> Node:
+        if node.attr not in FINFO:
+            raise self.src.error(f"finfo.{node.attr} is not known; the dtype limits are "
+                                 f"{', '.join('finfo.' + w for w in FINFO)}", node)
+        # a number of the call's dtype (65504 for float16): the runtime passes it like an attr
+        return Node("attr", (), (f"finfo.{node.attr}",), "float", (), self.loc(node))
+
+    def _string_test(self, node: ast.AST) -> bool:
+        """A comparison of a str attr with a string: decided when the variant is compiled."""
+        return isinstance(node, ast.Compare) and any(
+            isinstance(side, ast.Constant) and isinstance(side.value, str)
+            for side in [node.left, *node.comparators])
+
+    def _string_compare(self, node: ast.Compare) -> Node:
+        sides = [node.left, *node.comparators]
+        if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            raise self.src.error("a string can only be compared once, with == or !=", node)
+        name = next((s for s in sides if isinstance(s, ast.Name)), None)
+        text = next((s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)),
+                    None)
+        known = self.special.string(name.id) if name is not None else None
+        if known is None or text is None:
+            raise self.src.error("a string can only be compared with a str attr, as in "
+                                 'approximate == "tanh"', node)
+        value, choices = known
+        if text.value not in choices:
+            raise self.src.error(f"{text.value!r} is not a choice of {name.id} "
+                                 f"({', '.join(map(repr, choices))})", text)
+        return const((value == text.value) == isinstance(node.ops[0], ast.Eq), "bool")
+
+    def _is_given(self, node: ast.Call) -> Node:
+        if len(node.args) != 1 or node.keywords or not isinstance(node.args[0], ast.Name):
+            raise self.src.error("is_given() takes the name of an optional input", node)
+        name = node.args[0].id
+        given = self.special.given(name)
+        if given is None:
+            what = "an input that is not optional: declare it `optional: true`" \
+                if name in self.names and self.names[name].op == "input" else "not an optional input"
+            raise self.src.error(f"is_given({name}): {name} is {what}", node.args[0])
+        return const(given, "bool")
+
     # --- operators
     def _BinOp(self, node: ast.BinOp) -> Node:
         left, right = self.value(node.left), self.value(node.right)
         if isinstance(node.op, ast.Pow):
             self.need(left, "float", node.left, "the base of **")
-            if not right.is_const or right.kind != "float":
-                raise self.src.error("the exponent of ** must be a constant number", node.right)
+            self.need(right, "float", node.right, "the exponent of **")
+            if not right.is_const:
+                return self.build("pow", node, left, right)
             if right.value == 0.0:
                 return const(1.0)  # as pow(x, 0) is 1 for every x, NaN included
             if right.value == 1.0:
@@ -166,7 +237,10 @@ class _Parser:
             return self.build("pow", node, left, right)
         prim = _BINOPS.get(type(node.op))
         if prim is None:
-            raise self.src.error(f"the operator {_describe(node.op)} is not supported", node)
+            at = self._operator_at(node)
+            if isinstance(node.op, ast.BitXor):
+                raise self.src.error("^ is not a power here: write a ** b (or exp(x) for e ** x)", at)
+            raise self.src.error(f"the operator {_describe(node.op)} is not supported", at)
         kind = "bool" if prim in ("and", "or") else "float"
         role = "each side of & and |" if kind == "bool" else f"each side of {_symbol(node.op)}"
         if kind == "bool" and "float" in (left.kind, right.kind):
@@ -175,6 +249,16 @@ class _Parser:
         self.need(left, kind, node.left, role)
         self.need(right, kind, node.right, role)
         return self.build(prim, node, left, right)
+
+    def _operator_at(self, node: ast.BinOp) -> ast.AST:
+        """A stand-in node whose column is the binary operator's own (for the caret)."""
+        flat = self.src.text.replace("\n", " ")
+        start = getattr(node.left, "end_col_offset", node.col_offset)
+        symbol = _describe(node.op)
+        col = flat.find(symbol, start, node.right.col_offset)
+        at = ast.Constant(0)
+        at.lineno, at.col_offset = 1, col if col >= 0 else node.col_offset
+        return at
 
     def _UnaryOp(self, node: ast.UnaryOp) -> Node:
         operand = self.value(node.operand)
@@ -185,6 +269,8 @@ class _Parser:
         return self.build("not", node, self.need(operand, "bool", node.operand, "the operand of ~ / not"))
 
     def _Compare(self, node: ast.Compare) -> Node:
+        if self._string_test(node):
+            return self._string_compare(node)
         result = None
         left = self.value(node.left)
         left_ast = node.left
@@ -221,12 +307,14 @@ class _Parser:
         if not isinstance(node.func, ast.Name):
             raise self.src.error("only the language's functions can be called, by plain name", node.func)
         fname = node.func.id
+        if fname == "is_given":
+            return []
         if fname not in _FUNCTIONS:
             import difflib
             close = difflib.get_close_matches(fname, list(_FUNCTIONS), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise self.src.error(f"unknown function {fname!r}{hint}; the functions are: "
-                                 f"{', '.join(_FUNCTIONS)}", node.func)
+                                 f"{', '.join(sorted(_FUNCTIONS))}", node.func)
         if node.keywords:
             raise self.src.error(f"{fname}() takes positional arguments only", node.keywords[0].value)
         nargs = _FUNCTIONS[fname][0]
@@ -241,6 +329,8 @@ class _Parser:
 
     def _Call(self, node: ast.Call) -> Node:
         fname = node.func.id
+        if fname == "is_given":
+            return self._is_given(node)
         nargs, builder = _FUNCTIONS[fname]
         kinds = _CALL_KINDS.get(fname, ("float",) * nargs)
         args = []
@@ -270,8 +360,9 @@ class _Parser:
         return result
 
 
-_CALL_KINDS = {"where": ("bool", "float", "float"), "sum": ("float", "dim"),
-               "fft_up": ("float", "dim", "scalar"), "fft_down": ("float", "dim", "scalar")}
+_CALL_KINDS = {"sum": ("float", "dim"), "fft_up": ("float", "dim", "scalar"),
+               "fft_down": ("float", "dim", "scalar"),
+               **{p.function: p.arg_kinds for p in PRIMITIVES.values() if p.function}}
 
 
 def _describe(node) -> str:
@@ -318,8 +409,10 @@ def _too_long(src: Source, offset: int, what: str) -> SpecError:
                      "`y: t1 + ...`)", at)
 
 
-def parse_expr(src: Source, names: Dict[str, Node]) -> Node:
-    """Parse one expression; `names` maps the names in scope to their nodes."""
+def parse_expr(src: Source, names: Dict[str, Node],
+               special: Specialization = Specialization()) -> Node:
+    """Parse one expression; `names` maps the names in scope to their nodes; `special` says
+    what a variant decides (str attr values, optional inputs given)."""
     if not src.text.strip():
         raise src.error("the expression is empty")
     # one line, same length: a character offset is a column and maps back through src.pieces
@@ -333,4 +426,4 @@ def parse_expr(src: Source, names: Dict[str, Node]) -> Node:
         raise src.error(f"syntax error: {exc.msg}", fake) from None
     except (RecursionError, MemoryError):
         raise _too_long(src, 0, "the expression is too long for Python's parser") from None
-    return _Parser(src, names).expr(tree.body)
+    return _Parser(src, names, special).expr(tree.body)

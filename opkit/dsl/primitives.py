@@ -15,7 +15,7 @@ check treats a change of any of them as a kink.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -37,12 +37,20 @@ class Primitive:
     cost: float                          # vector instructions per element (static estimate)
     vjp: Optional[Callable] = None
     elementwise: bool = True
-    doc: str = ""
-    vectorizes: bool = True              # False: a libm call the C compiler keeps scalar
+    doc: str = ""                        # its meaning, for docs/spec.md's function table
+    # True: the C compiler vectorizes it; False: a libm call it keeps scalar (without
+    # -ffast-math); a CPU feature's name: vectorized where the target has that feature
+    vectorizes: Union[bool, str] = True
     # (argument nodes) -> nodes whose values name the smooth piece the primitive is in: the
     # conditions of a select, which argument min picks ... Where one changes, the derivative
     # jumps (a kink). None: no kinks
     branch: Optional[Callable] = None
+    grad_doc: str = ""                   # its gradient, for the function table
+    function: str = ""                   # how expressions call it (""; an operator such as +)
+
+    def vectorizes_on(self, features) -> bool:
+        v = self.vectorizes
+        return v if isinstance(v, bool) else v in features
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,12 @@ class Masked:
 
     cond: Node
     value: Node
+
+
+def masked(cond: Node, value: Node):
+    """`Masked(cond, value)`, or just the value where the condition always holds (a constant
+    exponent, say): the derived graph stays as small as without the mask."""
+    return value if cond.is_const and cond.value else Masked(cond, value)
 
 
 PRIMITIVES: Dict[str, Primitive] = {}
@@ -219,11 +233,17 @@ _register(Primitive("neg", (F,), F, np.negative, "(-{0})", "vmuls", None, 1,
 
 
 def _pow_vjp(g, out, x, e):
-    return (mul(g, mul(e, apply("pow", x, apply("sub", e, ONE)))), None)
+    # PyTorch's pow: no gradient to the base where the exponent is 0 (0 ** -1 would be inf),
+    # none to the exponent where the base is 0 and the exponent >= 0 (log 0 is -inf)
+    base = masked(apply("ne", e, ZERO), mul(g, mul(e, apply("pow", x, apply("sub", e, ONE)))))
+    zero_base = apply("and", apply("eq", x, ZERO), apply("ge", e, ZERO))
+    return base, masked(negate(zero_base), mul(g, mul(out, apply("log", x))))
 
 
 _register(Primitive("pow", (F, F), F, np.power, "pow{f}({0}, {1})", "vpow", "vpows", 12,
-                    _pow_vjp, doc="x ** c, c a constant", vectorizes=False))
+                    _pow_vjp, doc="x to the power e (also `x ** e`)",
+                    grad_doc="`dy * e * x ** (e - 1)` to x, `dy * x ** e * log(x)` to e (0 where "
+                             "x is 0 and e >= 0, as PyTorch)", vectorizes=False, function="pow"))
 
 # ------------------------------------------------------------------------------ comparisons
 
@@ -243,33 +263,61 @@ _register(Primitive("not", (B,), B, np.logical_not, "(not {0})", "vnot", None, 1
 
 _register(Primitive("where", (B, F, F), F, np.where, "({1} if {0} else {2})", "vsel", None, 1,
                     lambda g, out, c, x, y: (None, Masked(c, g), Masked(negate(c), g)),
-                    doc="where(c, x, y): x where c holds, else y",
-                    branch=lambda c, x, y: (c,)))
+                    doc="`x` where the condition `c` holds, else `y`",
+                    branch=lambda c, x, y: (c,), grad_doc="flows to the branch taken",
+                    function="where"))
 
 
-def _picks_first(cmp):
-    # the forward picks x where x is NaN or wins the comparison (ties included)
-    return lambda x, y: (apply("or", apply("ne", x, x), apply(cmp, x, y)),)
+def _ordered(x, y):
+    return apply("lt", x, y), apply("gt", x, y)
 
 
-def _minmax_vjp(branch):
+def _minmax_vjp(larger: bool):
+    """PyTorch's maximum/minimum: the gradient goes to the argument picked, split evenly on a
+    tie; unordered (a NaN) both get it."""
     def rule(g, out, x, y):
-        first, = branch(x, y)
-        return Masked(first, g), Masked(negate(first), g)
+        lt, gt = _ordered(x, y)
+        tie = select(apply("eq", x, y), mul(g, const(0.5)), g)
+        x_loses, y_loses = (lt, gt) if larger else (gt, lt)
+        return Masked(negate(x_loses), tie), Masked(negate(y_loses), tie)
     return rule
 
 
-# Ties and NaN pick the first argument (NaN propagates), and so does the gradient. Two plain
-# selects in a row ({t} is a temporary): GCC vectorizes chains of these, while it gives up on
-# chains of selects on `(x <= y) | (x != x)`.
+# NaN propagates from either argument (as NumPy's minimum/maximum). Two plain selects in a row
+# ({t} is a temporary): GCC vectorizes chains of these, while it gives up on chains of selects
+# on `(x <= y) | (x != x)`.
 _register(Primitive("min", (F, F), F, _np_min,
                     "{t} = ({0} if {0} <= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
-                    "vmin", "vmins", 1, _minmax_vjp(_picks_first("le")),
-                    doc="min(x, y); NaN propagates", branch=_picks_first("le")))
+                    "vmin", "vmins", 1, _minmax_vjp(False),
+                    doc="the smaller of x and y; NaN propagates", branch=_ordered, function="min",
+                    grad_doc="to the argument picked, halved on a tie (PyTorch's minimum)"))
 _register(Primitive("max", (F, F), F, _np_max,
                     "{t} = ({0} if {0} >= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
-                    "vmax", "vmaxs", 1, _minmax_vjp(_picks_first("ge")),
-                    doc="max(x, y); NaN propagates", branch=_picks_first("ge")))
+                    "vmax", "vmaxs", 1, _minmax_vjp(True),
+                    doc="the larger of x and y; NaN propagates", branch=_ordered, function="max",
+                    grad_doc="to the argument picked, halved on a tie (PyTorch's maximum)"))
+
+
+def _clamp_branch(x, lo, hi):
+    return apply("lt", x, lo), apply("gt", x, hi), apply("lt", lo, hi)
+
+
+def _clamp_vjp(g, out, x, lo, hi):
+    # PyTorch's clamp: x takes the gradient inside [lo, hi] (bounds included); lo where x is
+    # below it (while lo < hi), hi where x is above it or lo > hi (then hi is the result)
+    inside = apply("and", apply("ge", x, lo), apply("le", x, hi))
+    below = apply("and", apply("lt", x, lo), apply("lt", lo, hi))
+    above = apply("or", apply("gt", x, hi), apply("gt", lo, hi))
+    return Masked(inside, g), Masked(below, g), Masked(above, g)
+
+
+_register(Primitive("clamp", (F, F, F), F, lambda x, lo, hi: _np_min(_np_max(x, lo), hi),
+                    "{t} = ({0} if {0} >= {1} else {1})\n{t} = ({0} if {0} != {0} else {t})\n"
+                    "{d} = ({t} if {t} <= {2} else {2})\n{d} = ({t} if {t} != {t} else {d})",
+                    "vclamp", None, 2, _clamp_vjp, branch=_clamp_branch, function="clamp",
+                    doc="min(max(x, lo), hi); NaN propagates",
+                    grad_doc="to x inside [lo, hi], bounds included; to lo below it, to hi above "
+                             "(PyTorch's clamp)"))
 
 
 def _abs_branch(x):
@@ -284,25 +332,114 @@ def _abs_vjp(g, out, x):
 # ------------------------------------------------------------------------------ transcendental
 
 _register(Primitive("exp", (F,), F, np.exp, "exp{f}({0})", "vexp", None, 10,
-                    lambda g, out, x: (mul(g, out),), doc="e ** x", vectorizes=False))
+                    lambda g, out, x: (mul(g, out),), doc="e ** x", vectorizes=False,
+                    grad_doc="`dy * exp(x)`", function="exp"))
 _register(Primitive("expm1", (F,), F, np.expm1, "expm1{f}({0})", "vexpm1", None, 10,
-                    lambda g, out, x: (mul(g, add(out, ONE)),), doc="e ** x - 1, exact near 0", vectorizes=False))
+                    lambda g, out, x: (mul(g, add(out, ONE)),), doc="e ** x - 1, exact near 0",
+                    vectorizes=False, grad_doc="`dy * (expm1(x) + 1)`", function="expm1"))
 _register(Primitive("log1p", (F,), F, np.log1p, "log1p{f}({0})", "vln1p", None, 10,
-                    lambda g, out, x: (div(g, add(x, ONE)),), doc="log(1 + x), exact near 0", vectorizes=False))
+                    lambda g, out, x: (div(g, add(x, ONE)),), doc="log(1 + x), exact near 0",
+                    vectorizes=False, grad_doc="`dy / (x + 1)`", function="log1p"))
 _register(Primitive("log", (F,), F, np.log, "log{f}({0})", "vln", None, 10,
-                    lambda g, out, x: (div(g, x),), doc="natural logarithm", vectorizes=False))
+                    lambda g, out, x: (div(g, x),), doc="natural logarithm", vectorizes=False,
+                    grad_doc="`dy / x`", function="log"))
 _register(Primitive("sqrt", (F,), F, np.sqrt, "sqrt{f}({0})", "vsqrt", None, 4,
-                    lambda g, out, x: (div(mul(g, const(0.5)), out),), doc="square root"))
+                    lambda g, out, x: (div(mul(g, const(0.5)), out),), doc="square root",
+                    grad_doc="`dy * 0.5 / sqrt(x)`", function="sqrt"))
 _register(Primitive("abs", (F,), F, np.abs, "fabs{f}({0})", "vabs", None, 1, _abs_vjp,
-                    doc="|x|; gradient 0 at 0", branch=_abs_branch))
+                    doc="\\|x\\|", branch=_abs_branch, function="abs",
+                    grad_doc="`dy` times the sign of x; 0 at x == 0 and at NaN (PyTorch's abs)"))
 _register(Primitive("sigmoid", (F,), F, _sigmoid, "(1 / (1 + exp{f}(-{0})))", "vsigmoid", None, 13,
                     lambda g, out, x: (mul(g, mul(out, sub(ONE, out))),),
-                    doc="1 / (1 + e ** -x)", vectorizes=False))
+                    doc="1 / (1 + e ** -x)", vectorizes=False, function="sigmoid",
+                    grad_doc="`dy * s * (1 - s)`, s = sigmoid(x)"))
 _register(Primitive("tanh", (F,), F, np.tanh, "tanh{f}({0})", "vtanh", None, 15,
-                    lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),), doc="hyperbolic tangent", vectorizes=False))
+                    lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),), doc="hyperbolic tangent",
+                    vectorizes=False, grad_doc="`dy * (1 - t * t)`, t = tanh(x)", function="tanh"))
+
+# ------------------------------------------------------------------------------ breadth: the
+# functions of the ONNX and PyTorch activation catalogues, with NumPy's meanings and PyTorch's
+# gradients
+
+
+def _vectorized(fn):
+    """A float64 reference from a scalar function of the math module (NaN and infinities as it
+    gives them); SciPy's vectorized one where it is installed."""
+    vec = np.vectorize(fn, otypes=[np.float64])
+    return lambda x: vec(np.asarray(x, dtype=np.float64))
+
+
+try:  # an independent, fast reference where SciPy is there
+    from scipy import special as _special
+    _erf, _erfc = _special.erf, _special.erfc
+except ImportError:  # pragma: no cover - SciPy is a test dependency
+    import math as _math
+    _erf, _erfc = _vectorized(_math.erf), _vectorized(_math.erfc)
+
+_TWO_OVER_SQRT_PI = const(1.1283791670955126)
+
+
+def _erf_vjp(g, out, x):
+    return (mul(g, mul(_TWO_OVER_SQRT_PI, apply("exp", neg(mul(x, x))))),)
+
+
+def _erfc_vjp(g, out, x):
+    return (neg(_erf_vjp(g, out, x)[0]),)
+
+
+_register(Primitive("erf", (F,), F, _erf, "erf{f}({0})", "verf", None, 20, _erf_vjp,
+                    doc="the error function", grad_doc="`dy * 2 / sqrt(pi) * exp(-x * x)`",
+                    vectorizes=False, function="erf"))
+_register(Primitive("erfc", (F,), F, _erfc, "erfc{f}({0})", "verfc", None, 20, _erfc_vjp,
+                    doc="1 - erf(x), exact for large x", grad_doc="`-dy * 2 / sqrt(pi) * exp(-x * x)`",
+                    vectorizes=False, function="erfc"))
+
+
+def _zero_vjp(g, out, *args):
+    return tuple(ZERO for _ in args)  # a step function: 0 almost everywhere (as PyTorch)
+
+
+def _itself(name):
+    return lambda x: (apply(name, x),)  # the integer piece changes at every step
+
+
+for _name, _fn, _form, _doc in (
+        ("floor", np.floor, "floor{f}({0})", "the largest whole number <= x"),
+        ("ceil", np.ceil, "ceil{f}({0})", "the smallest whole number >= x"),
+        ("round", np.rint, "rint{f}({0})", "the nearest whole number, ties to even")):
+    _register(Primitive(_name, (F,), F, _fn, _form, "v" + _name, None, 1, _zero_vjp,
+                        doc=_doc, grad_doc="0", vectorizes="sse4_1", branch=_itself(_name),
+                        function=_name))
+
+# sign(-0) is +0 and sign(NaN) is NaN, as in NumPy: x - x is 0 for every finite x and NaN for NaN
+_register(Primitive("sign", (F,), F, np.sign, "(({0} > 0) - ({0} < 0) + ({0} - {0}))", "vsign",
+                    None, 3, _zero_vjp, doc="-1, 0 or 1 by the sign of x; NaN stays NaN",
+                    grad_doc="0", branch=lambda x: (apply("gt", x, ZERO), apply("lt", x, ZERO)),
+                    function="sign"))
+_register(Primitive("sin", (F,), F, np.sin, "sin{f}({0})", "vsin", None, 15,
+                    lambda g, out, x: (mul(g, apply("cos", x)),), doc="sine",
+                    grad_doc="`dy * cos(x)`", vectorizes=False, function="sin"))
+_register(Primitive("cos", (F,), F, np.cos, "cos{f}({0})", "vcos", None, 15,
+                    lambda g, out, x: (neg(mul(g, apply("sin", x))),), doc="cosine",
+                    grad_doc="`-dy * sin(x)`", vectorizes=False, function="cos"))
+# log(1 + e ** x) without overflow: max(x, 0) + log1p(e ** -|x|)
+_register(Primitive("softplus", (F,), F, lambda x: np.logaddexp(0.0, x),
+                    "(({0} if {0} > 0 else 0) + log1p{f}(exp{f}(-fabs{f}({0}))))", "vsoftplus",
+                    None, 22, lambda g, out, x: (mul(g, apply("sigmoid", x)),),
+                    doc="log(1 + e ** x), without overflow", grad_doc="`dy * sigmoid(x)`",
+                    vectorizes=False, function="softplus"))
+_register(Primitive("isnan", (F,), B, np.isnan, "({0} != {0})", "vcmpne", None, 1, None,
+                    doc="x is NaN (a condition)", grad_doc="none", function="isnan"))
+_register(Primitive("isinf", (F,), B, np.isinf, "(fabs{f}({0}) == INFINITY)", "visinf", None, 2,
+                    None, doc="x is +inf or -inf (a condition)", grad_doc="none",
+                    function="isinf"))
 
 # TBE has no single instruction for these; the listing shows the sequence a TBE kernel would use.
 TBE_EXPANSIONS = {
+    "vclamp": ["vmax {d}, {0}, {1}", "vmin {d}, {d}, {2}"],
+    "vsoftplus": ["vabs {d}, {0}", "vmuls {d}, {d}, #-1", "vexp {d}, {d}", "vadds {d}, {d}, #1",
+                  "vln {d}, {d}", "vmaxs {d}.t, {0}, #0", "vadd {d}, {d}, {d}.t"],
+    "visinf": ["vabs {d}, {0}", "vcmpeq {d}, {d}, #inf"],
     "vsigmoid": ["vmuls {d}, {0}, #-1", "vexp {d}, {d}", "vadds {d}, {d}, #1", "vrec {d}, {d}"],
     "vexpm1": ["vexp {d}, {0}", "vadds {d}, {d}, #-1"],
     "vln1p": ["vadds {d}, {0}, #1", "vln {d}, {d}"],

@@ -16,8 +16,8 @@ from ..spec.model import OpSpec
 from .plan import LOAD, Attr, Const, Instr, Kernel, Plan
 
 # the primitives an integer kernel computes exactly as written
-INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min", "max", "where", "gt", "ge", "lt", "le",
-               "eq", "ne", "and", "or", "not")
+INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min", "max", "clamp", "sign", "where", "gt", "ge",
+               "lt", "le", "eq", "ne", "and", "or", "not")
 
 
 def quantized(spec: OpSpec) -> Dict[str, int]:

@@ -1,0 +1,75 @@
+"""Variants: the compile-time specializations of an operator.
+
+A str attr (`approximate: {type: str, choices: [none, tanh]}`) and an optional input decide, at
+compile time, what the kernels compute: `tanh_gelu if approximate == "tanh" else exact_gelu` and
+`max if is_given(max) else finfo.max` are folded to one branch. Each combination (a *variant*)
+gets graphs and kernels of its own, and a call picks its variant from the attr's value and the
+inputs it gives: no string is compared and no presence is tested per element.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Dict, Mapping, Tuple
+
+from ..errors import SpecError
+from ..spec.model import OpSpec
+
+# Every variant is compiled into the operator's module: keep the product of the choices small.
+MAX_VARIANTS = 16
+
+
+@dataclass(frozen=True)
+class Variant:
+    index: int                               # position among the operator's variants
+    choices: Tuple[Tuple[str, str], ...]     # (str attr, its value)
+    given: Tuple[str, ...]                   # the optional inputs present
+
+    def label(self) -> str:
+        """How reports name the variant: `approximate=tanh, min given`."""
+        parts = [f"{a}={v}" for a, v in self.choices]
+        return ", ".join(parts + [f"{n} given" for n in self.given])
+
+    @property
+    def prefix(self) -> str:
+        """What kernel names of this variant start with (nothing for the first)."""
+        return f"v{self.index}" if self.index else ""
+
+
+def variants(spec: OpSpec) -> Tuple[Variant, ...]:
+    """Every variant of `spec`; the first has every str attr at its default (else its first
+    choice) and no optional input."""
+    axes = []
+    for a in spec.attrs:
+        if a.type == "str":
+            first = a.default if a.default is not None else a.choices[0]
+            axes.append([(a.name, first)] + [(a.name, c) for c in a.choices if c != first])
+    optional = [i.name for i in spec.inputs if i.optional]
+    count = 2 ** len(optional)
+    for axis in axes:
+        count *= len(axis)
+    if count > MAX_VARIANTS:
+        raise SpecError(f"the str attrs' choices and the optional inputs make {count} variants, "
+                        f"each compiled into the module; at most {MAX_VARIANTS} are supported: "
+                        "split the operator", spec.loc)
+    out = []
+    for given in itertools.product((False, True), repeat=len(optional)):
+        present = tuple(n for n, g in zip(optional, given) if g)
+        for choice in itertools.product(*axes):
+            out.append(Variant(len(out), tuple(choice), present))
+    return tuple(out)
+
+
+def pick(all_variants: Tuple[Variant, ...], choices: Mapping[str, str],
+         given: Tuple[str, ...]) -> Variant:
+    """The variant for a call's str attr values and the optional inputs it gives."""
+    for v in all_variants:
+        if v.given == given and all(choices[a] == value for a, value in v.choices):
+            return v
+    raise KeyError((choices, given))  # unreachable for checked values
+
+
+def describe(spec: OpSpec) -> Dict[str, object]:
+    """What varies, for `opkit show`."""
+    return {"str attrs": {a.name: a.choices for a in spec.attrs if a.type == "str"},
+            "optional inputs": [i.name for i in spec.inputs if i.optional]}
