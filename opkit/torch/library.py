@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..config import DEFAULT_PRECISION
+from ..config import DEFAULT_PRECISION, call_state
 from ..config import get as setting
 from ..runtime import Op
 from .tensors import DTYPES, Convert, as_array, check_tensor, torch_order
@@ -125,8 +125,9 @@ class Entry:
         """(the leading tensors, the attrs by name). The dispatcher may leave out trailing attrs
         equal to their defaults: opkit fills those in."""
         n = lead + len(self.spec.inputs)
-        attrs = dict(zip(self.spec.attr_names, args[n:]))
-        attrs.update(kwargs)
+        attrs = dict(zip(self.spec.attr_names, args[n:])) if len(args) > n else {}
+        if kwargs:
+            attrs.update(kwargs)
         for name, default in self.unspelled.items():
             if name in attrs and attrs[name] is None:
                 attrs[name] = default
@@ -136,8 +137,9 @@ class Entry:
     def _mode() -> dict:
         """opkit's precision modes would change a result's dtype behind PyTorch's back (and
         behind a compiled graph's): torch calls compute in their tensors' dtypes."""
-        mode = setting("precision_mode")
-        return {} if mode == DEFAULT_PRECISION else {"precision_mode": DEFAULT_PRECISION}
+        if call_state()[2] or setting("precision_mode") == DEFAULT_PRECISION:
+            return {}
+        return {"precision_mode": DEFAULT_PRECISION}
 
     def _names(self, call, arrays, attrs):
         return self.conv.names(call, arrays, attrs) if self.conv.needs_names(call) else None

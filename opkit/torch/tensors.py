@@ -18,7 +18,6 @@ or any permutation) has the strides NumPy gives opkit's result; a result of a no
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -46,6 +45,9 @@ def _or_list(items: Sequence[str]) -> str:
 
 def check_tensor(t, name: str, allowed: Sequence[str], where: str) -> None:
     """A strided CPU tensor of one of the `allowed` dtypes, or a TypeError saying what to do."""
+    if isinstance(t, torch.Tensor) and t.is_cpu and t.layout == torch.strided \
+            and DTYPES.get(t.dtype) in allowed:
+        return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a tensor, got {type(t).__name__}")
     if t.device.type not in ("cpu", "meta"):
@@ -95,15 +97,18 @@ def _hint(size) -> int:
     return size if isinstance(size, int) else optimization_hint(size, fallback=2)
 
 
-@dataclass
 class Call:
     """How one call's tensors reach the operator: the layout it names and each input's view."""
 
-    layout: Optional[str]            # the layout keyword for opkit (None: the operator's default)
-    nhwc: bool                       # layout-following inputs are viewed in N, H, W, C order
-    tensors: Tuple[torch.Tensor, ...]
-    views: List[torch.Tensor]
-    padded: List[int]                # per input: leading axes added before permuting, or -1
+    __slots__ = ("layout", "nhwc", "tensors", "views", "padded")
+
+    def __init__(self, layout: Optional[str], nhwc: bool, tensors: Tuple[torch.Tensor, ...],
+                 views: List[torch.Tensor], padded: List[int]):
+        self.layout = layout    # the layout keyword for opkit (None: the operator's default)
+        self.nhwc = nhwc        # layout-following inputs are viewed in N, H, W, C order
+        self.tensors = tensors
+        self.views = views
+        self.padded = padded    # per input: leading axes added before permuting, or -1
 
 
 class Convert:
@@ -120,6 +125,7 @@ class Convert:
         self.agnostic = "ND" in spec.layouts and all(i.shape is None for i in spec.inputs)
         self.anchor = next((k for k, i in enumerate(spec.inputs) if i.layouts_declared), None)
         self.like = [spec.input_names.index(o.like) if o.like else None for o in spec.outputs]
+        self.flat = [-1] * len(spec.inputs)  # no input viewed anew
 
     def _layout(self, layout: str) -> Optional[str]:
         return None if layout == self.default else layout
@@ -142,6 +148,8 @@ class Convert:
         for i, t in zip(self.inputs, tensors):
             check_tensor(t, i.name, i.dtypes, self.where)
         layout, nhwc = self.mode(tensors)
+        if not nhwc:
+            return Call(layout, False, tuple(tensors), list(tensors), self.flat)
         views, padded = [], []
         for i, t in zip(self.inputs, tensors):
             pad = -1
