@@ -357,3 +357,10 @@ def test_a_changed_declaration_loaded_again_replaces_the_operators(tmp_path):
     out = torch.empty(3)
     torch.ops.opkit.torch_reloaded_out(x, out=out)
     assert out.tolist() == [5.0] * 3
+
+
+def test_a_gradient_of_a_gradient_is_refused_clearly():
+    x = torch.randn(3, 4, requires_grad=True)
+    g, = torch.autograd.grad(torch.ops.opkit.leaky_relu(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="leaky_relu has a first derivative only"):
+        g.sum().backward()

@@ -25,7 +25,7 @@ import torch
 from ..config import DEFAULT_PRECISION, call_state
 from ..config import get as setting
 from ..runtime import Op
-from .tensors import DTYPES, Convert, as_array, check_tensor, torch_order
+from .tensors import DTYPES, TORCH_DTYPES, Convert, as_array, check_tensor, torch_order
 
 NAMESPACE = "opkit"
 BACKWARD_NAMESPACE = "opkit_backward"
@@ -109,6 +109,10 @@ class Entry:
             self.variants["inplace"] = f"{op.name}_"
         self.defs: Dict[str, object] = {}  # kind -> its CustomOpDef
         self.guard = None
+        # the common call takes a shorter path (see _forward_plain)
+        self.plain = self.conv.agnostic and self.n_out == 1 and not self.unspelled
+        self.allowed = [frozenset(TORCH_DTYPES[d] for d in i.dtypes if d in TORCH_DTYPES)
+                        for i in spec.inputs]
 
     def _inplace_input(self) -> Optional[str]:
         """The input the in-place variant overwrites: the first input, when the declaration lets
@@ -147,6 +151,10 @@ class Entry:
     # -------------------------------------------------------------- the calls
 
     def forward(self, *args, **kwargs):
+        if self.plain and not kwargs:
+            result = self._forward_plain(args)
+            if result is not None:
+                return result
         tensors, attrs = self._split(args, kwargs, 0)
         call = self.conv.call(tensors)
         arrays = [as_array(v) for v in call.views]
@@ -163,6 +171,22 @@ class Entry:
             k = self.conv.like[o]
             outs.append(torch_order(t, call.tensors[k]) if k is not None else t)
         return outs[0] if self.n_out == 1 else tuple(outs)
+
+    def _forward_plain(self, args):
+        """The common call with less code on the way (each call after a large one finds the
+        caches cold, so every step shows): contiguous CPU tensors of the declared dtypes, an
+        operator that takes them as they are and gives one result. None: take the full path."""
+        n = len(self.allowed)
+        arrays = []
+        for t, allowed in zip(args[:n], self.allowed):
+            if not (t.is_cpu and t.dtype in allowed and t.is_contiguous()):
+                return None
+            arrays.append((t.detach() if t.requires_grad else t).numpy())
+        attrs = dict(zip(self.spec.attr_names, args[n:]))
+        result = self.op(*arrays, **self._mode(), **attrs)
+        if any(np.may_share_memory(result, a) for a in arrays):
+            return None
+        return torch.from_numpy(result)
 
     def forward_fake(self, *args, **kwargs):
         tensors, attrs = self._split(args, kwargs, 0)
@@ -250,6 +274,10 @@ class Entry:
                     result[k] = g
         return tuple(result)
 
+    def no_double_backward(self, ctx, *grads):
+        raise RuntimeError(f"torch.ops.{NAMESPACE}.{self.name} has a first derivative only: opkit "
+                           "derives no backward of a backward pass (a gradient of a gradient)")
+
     # -------------------------------------------------------------- registration
 
     def register(self, taken) -> None:
@@ -266,6 +294,8 @@ class Entry:
                                           schema=schema(spec, cotangents=cots,
                                                         returns=len(self.differentiable)))
             bwd.register_fake(self.backward_fake)
+            bwd.register_autograd(self.no_double_backward,
+                                  setup_context=lambda ctx, inputs, output: None)
             self.backward_op = bwd._opoverload
         fn.register_autograd(self.grad, setup_context=self.setup_context)
         if "out" in self.variants:
