@@ -40,3 +40,11 @@ def test_a_case_without_what_it_compares_with_reports_its_targets_as_unknown(mon
                                             [("vs something", "torch", "opkit", 1.0)])])
     rows, results = bench.run_targets(2, np.random.default_rng(0))
     assert rows == [] and len(results) == 1 and results[0].met is None
+
+
+def test_a_case_can_ask_for_more_rounds(monkeypatch):
+    case = ("tight", lambda r: ({"opkit": lambda: None, "torch": lambda: None}, 8), (1,), "float32",
+            "forward", [("vs torch", "torch", "opkit", 1.0)], {"shuffle": True, "rounds": 7})
+    monkeypatch.setattr(bench, "TARGETS", [case])
+    rows, results = bench.run_targets(2, np.random.default_rng(0))
+    assert [len(v) for v in rows[0].rounds.values()] == [7, 7] and results[0].ratio is not None

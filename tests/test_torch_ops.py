@@ -364,3 +364,23 @@ def test_a_gradient_of_a_gradient_is_refused_clearly():
     g, = torch.autograd.grad(torch.ops.opkit.leaky_relu(x).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="leaky_relu has a first derivative only"):
         g.sum().backward()
+
+
+def test_an_attr_defaulting_to_infinity(tmp_path):
+    opkit.load(write_op(tmp_path, textwrap.dedent("""\
+        name: torch_inf_default
+        inputs:
+          x: {dtypes: [float32, float64]}
+        attrs:
+          limit: {type: float, default: inf, range: "(0, inf]"}
+        outputs:
+          y: {like: x}
+        forward:
+          y: min(x, limit)
+        """)))
+    op = opkit.torch.op("torch_inf_default")
+    assert str(op.default._schema) == "opkit::torch_inf_default(Tensor x, float? limit=None) -> Tensor"
+    x = torch.tensor([1e30, -2.0], dtype=torch.float64)
+    assert op(x).tolist() == [1e30, -2.0] and op(x, None).tolist() == [1e30, -2.0]
+    assert op(x, 3.0).tolist() == [3.0, -2.0]
+    torch.library.opcheck(op.default, (x.requires_grad_(),))
