@@ -384,3 +384,17 @@ def test_an_attr_defaulting_to_infinity(tmp_path):
     assert op(x).tolist() == [1e30, -2.0] and op(x, None).tolist() == [1e30, -2.0]
     assert op(x, 3.0).tolist() == [3.0, -2.0]
     torch.library.opcheck(op.default, (x.requires_grad_(),))
+
+
+def test_writes_into_tensors_that_cannot_take_them_are_refused():
+    expanded = torch.randn(3, 1).expand(3, 4)
+    with pytest.raises(ValueError, match=r"leaky_relu_: x has elements that share memory .* "
+                                         r"x.clone\(\)"):
+        torch.ops.opkit.leaky_relu_(expanded)
+    with pytest.raises(ValueError, match=r"leaky_relu_out: out has elements that share memory"):
+        torch.ops.opkit.leaky_relu_out(torch.randn(3, 4), out=torch.empty(3, 1).expand(3, 4))
+    half = torch.randn(2, 3, 4, 6, dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"spatial_leaky_relu_: the result is float32 .* which x "
+                                        r"\(float16\) cannot hold"):
+        torch.ops.opkit.spatial_leaky_relu_(half, torch.rand(4, 6))
+    torch.ops.opkit.spatial_leaky_relu_(half, torch.rand(4, 6, dtype=torch.float16))

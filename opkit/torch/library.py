@@ -202,6 +202,7 @@ class Entry:
         views = []
         for o, (n, t) in enumerate(zip(self.out_names, outs)):
             check_tensor(t, n, list(DTYPES.values()), self.conv.where)
+            _check_writable(t, n, f"torch.ops.{NAMESPACE}.{self.variants['out']}")
             views.append(as_array(self.conv.to_physical(t, call, o, bound)))
         self.op(*arrays, layout=call.layout, out=views[0] if self.n_out == 1 else tuple(views),
                 **self._mode(), **attrs)
@@ -209,8 +210,16 @@ class Entry:
 
     def forward_inplace(self, *args, **kwargs):
         tensors, attrs = self._split(args, kwargs, 0)
+        where = f"torch.ops.{NAMESPACE}.{self.variants['inplace']}"
         call = self.conv.call(tensors)
+        _check_writable(tensors[0], self.inplace, where)
         arrays = [as_array(v) for v in call.views]
+        dtype = self.conv.names(call, arrays, attrs).dtype
+        if dtype != arrays[0].dtype:
+            raise TypeError(f"{where}: the result is {dtype.name} (the inputs' dtypes promoted), "
+                            f"which {self.inplace} ({arrays[0].dtype.name}) cannot hold: call "
+                            f"torch.ops.{NAMESPACE}.{self.name}, or convert the other inputs to "
+                            f"{arrays[0].dtype.name}")
         self.op(*arrays, layout=call.layout, out=arrays[0], **self._mode(), **attrs)
         return tensors[0]
 
@@ -329,6 +338,13 @@ class Entry:
                 if kind == "inplace" and self.guard is not None:
                     self.guard._destroy()
                     self.guard = None
+
+
+def _check_writable(t: torch.Tensor, name: str, where: str) -> None:
+    """A tensor to write must not hold one element at several positions (as expand() makes)."""
+    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
+        raise ValueError(f"{where}: {name} has elements that share memory (an expanded tensor), "
+                         f"so it cannot be written: pass {name}.clone()")
 
 
 def register(op: Op) -> None:
