@@ -49,3 +49,14 @@ def numpy_call(name, tensors, attrs):
     layout = None if "ND" in op.spec.layouts and all(i.shape is None for i in op.spec.inputs) \
         else "NCHW"
     return op(*arrays, layout=layout, **attrs)
+
+
+def compile_backend() -> str:
+    """Inductor where it can compile (its CPU code needs a C++ compiler), else aot_eager, which
+    traces the same graph with the fake kernels and runs it eagerly."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        get_cpp_compiler()
+        return "inductor"
+    except Exception:  # noqa: BLE001  (no C++ compiler: Inductor says so in its own way)
+        return "aot_eager"

@@ -1,7 +1,8 @@
 """opkit operators as PyTorch operators: `import opkit.torch` registers every registered
 operator (and every one registered later, by opkit.load or OPKIT_PATH) as torch.ops.opkit.<name>,
-with autograd through opkit's own backward pass, fake kernels for torch.compile, an out= overload
-and, where the declaration allows it, an in-place variant torch.ops.opkit.<name>_.
+with autograd through opkit's own backward pass, fake kernels for torch.compile, an out= form
+torch.ops.opkit.<name>_out and, where the declaration allows it, an in-place form
+torch.ops.opkit.<name>_ (docs/torch.md).
 
     import torch, opkit.torch
     y = torch.ops.opkit.leaky_relu(x, alpha=0.2)
