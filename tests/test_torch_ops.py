@@ -398,3 +398,17 @@ def test_writes_into_tensors_that_cannot_take_them_are_refused():
                                         r"\(float16\) cannot hold"):
         torch.ops.opkit.spatial_leaky_relu_(half, torch.rand(4, 6))
     torch.ops.opkit.spatial_leaky_relu_(half, torch.rand(4, 6, dtype=torch.float16))
+
+
+def test_an_operator_pytorch_refuses_is_reported_and_opkit_goes_on(tmp_path, monkeypatch):
+    from opkit.torch import library
+
+    def refuse(self, taken):
+        raise RuntimeError("refused for the test")
+    monkeypatch.setattr(library.Entry, "register", refuse)
+    with pytest.warns(UserWarning, match=r"operator torch_refused .* is not available as "
+                                         r"torch.ops.opkit.torch_refused: RuntimeError: refused"):
+        assert opkit.load(_twice(tmp_path, "torch_refused")) == ["torch_refused"]
+    np.testing.assert_array_equal(opkit.ops.torch_refused(np.ones(2)), [2.0, 2.0])
+    with pytest.raises(KeyError, match="torch_refused is not available in PyTorch: RuntimeError"):
+        opkit.torch.op("torch_refused")

@@ -12,7 +12,7 @@ Needs PyTorch (`pip install "opkit[torch]"`); the rest of opkit works without it
 """
 try:
     import torch as _torch
-except ImportError as _exc:  # pragma: no cover - exercised where torch is absent
+except ImportError as _exc:
     raise ImportError("opkit.torch needs PyTorch: pip install 'opkit[torch]' (or torch==2.13.0)") from _exc
 
 from ..registry import REGISTRY as _REGISTRY
@@ -21,8 +21,11 @@ from . import library as _library
 
 def op(name: str):
     """The PyTorch operator of opkit operator `name`: torch.ops.opkit.<name> (call it, or take
-    its .default / .out overloads)."""
+    its .default overload)."""
     if name not in _library.names():
+        why = _library.failure(name)
+        if why:
+            raise KeyError(f"operator {name} is not available in PyTorch: {why}")
         raise KeyError(_REGISTRY.unknown(name, "opkit.torch.op takes the names opkit.list_ops() "
                                                "lists; load yours with opkit.load(PATH) first"))
     return getattr(_torch.ops.opkit, name)
@@ -30,6 +33,6 @@ def op(name: str):
 
 _REGISTRY.subscribe(_library.register)
 
-from . import nn  # noqa: E402  (the modules look the operators up as they are built)
+from . import nn  # noqa: E402
 
 __all__ = ["op", "nn"]

@@ -33,6 +33,7 @@ _TYPES = {"float": "float", "int": "int", "bool": "bool"}
 
 _lock = threading.RLock()
 _ENTRIES: Dict[str, "Entry"] = {}
+_FAILED: Dict[str, str] = {}  # operator name -> why it could not be registered
 
 
 class RegistrationError(Exception):
@@ -356,13 +357,20 @@ def register(op: Op) -> None:
                 old.drop(None)
             for other in _ENTRIES.values():
                 other.drop(op.name)
+            _FAILED.pop(op.name, None)
             entry = Entry(op)
             entry.register(taken=set(_ENTRIES))
             _ENTRIES[op.name] = entry
         except Exception as exc:  # noqa: BLE001  (opkit.load must go on whatever PyTorch says)
+            _FAILED[op.name] = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"opkit.torch: operator {op.name} ({op.spec.file}) is not available as "
-                          f"torch.ops.{NAMESPACE}.{op.name}: {exc}", stacklevel=2)
+                          f"torch.ops.{NAMESPACE}.{op.name}: {_FAILED[op.name]}", stacklevel=2)
 
 
 def names() -> List[str]:
     return sorted(_ENTRIES)
+
+
+def failure(name: str) -> Optional[str]:
+    """Why operator `name` could not be registered, if it could not."""
+    return _FAILED.get(name)
