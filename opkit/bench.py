@@ -34,9 +34,11 @@ def _torch():
 
 
 def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2,
-          rounds: Optional[Dict[str, List[float]]] = None) -> Dict[str, float]:
+          rounds: Optional[Dict[str, List[float]]] = None, shuffle=None) -> Dict[str, float]:
     """Median seconds per call of each function, the functions interleaved round by round
-    (each round's times are appended to `rounds` when it is given)."""
+    (each round's times are appended to `rounds` when it is given). `shuffle`: a NumPy
+    Generator that orders each round anew, so no function always runs right after the same
+    other one (PyTorch's worker threads keep spinning for a while after its own calls)."""
     fns = {k: f for k, f in fns.items() if f is not None}
     for _ in range(warmup):
         for f in fns.values():
@@ -50,8 +52,11 @@ def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2,
         dt = time.perf_counter() - t0
         inner[k] = max(1, min(10000, int(2e-3 / max(dt, 1e-9))))
     for _ in range(repeat):
-        for k, f in fns.items():
-            n = inner[k]
+        order = list(fns)
+        if shuffle is not None:
+            order = [order[i] for i in shuffle.permutation(len(order))]
+        for k in order:
+            f, n = fns[k], inner[k]
             t0 = time.perf_counter()
             for _ in range(n):
                 f()
@@ -221,9 +226,76 @@ def _small_case(shape, dtype, rng):
     return fns, 2 * x.nbytes
 
 
+# ------------------------------------------------------------------------------- through PyTorch
+
+def _torch_op():
+    """torch.ops.opkit.leaky_relu (opkit.torch registers it), or None without PyTorch."""
+    torch, _ = _torch()
+    if torch is None:
+        return None
+    import opkit.torch  # noqa: F401
+    return torch.ops.opkit.leaky_relu
+
+
+def _torch_call_case(size, rng):
+    """torch.ops.opkit.leaky_relu against the NumPy-level call of the same kernel and against
+    F.leaky_relu, all allocating their result."""
+    import opkit
+    torch, F = _torch()
+    top = _torch_op()
+    if top is None:
+        return None
+    op = opkit.get("leaky_relu")
+    x = rng.standard_normal(size).astype(np.float32)
+    tx = torch.from_numpy(x)
+    return {"opkit": lambda: top(tx, 0.2), "opkit numpy": lambda: op(x, alpha=0.2),
+            "torch": lambda: F.leaky_relu(tx, 0.2)}, 2 * x.nbytes
+
+
+def _torch_autograd_case(size, rng):
+    """Forward and backward through autograd: torch.ops.opkit.leaky_relu against torch.nn.LeakyReLU."""
+    torch, _ = _torch()
+    top = _torch_op()
+    if top is None:
+        return None
+    x = torch.from_numpy(rng.standard_normal(size).astype(np.float32)).requires_grad_()
+    dy = torch.from_numpy(rng.standard_normal(size).astype(np.float32))
+    ref = torch.nn.LeakyReLU(0.2)
+
+    def step(f):
+        def run():
+            x.grad = None  # every step writes a fresh gradient, as a training step does
+            f(x).backward(dy)
+        return run
+    # forward: x read, y written; backward: x and dy read, dx written
+    return {"opkit": step(lambda t: top(t, 0.2)), "torch": step(ref)}, 5 * x.numel() * x.element_size()
+
+
+def torch_notes(rows: List[Row]) -> List[str]:
+    """The calls through torch.ops next to the NumPy-level call of the same kernel."""
+    out = []
+    for r in rows:
+        s = r.seconds
+        if not r.case.startswith("torch.ops") or "opkit" not in s:
+            continue
+        unit, scale = ("us", 1e6) if s["opkit"] < 1e-4 else ("ms", 1e3)
+        parts = [f"{s['opkit'] * scale:.3g} {unit} through torch.ops"]
+        if "opkit numpy" in s:
+            parts.append(f"{s['opkit numpy'] * scale:.3g} {unit} NumPy-level "
+                         f"(+{(s['opkit'] - s['opkit numpy']) * scale:.3g} {unit}, "
+                         f"{1 / r.ratio('opkit numpy'):.3f}x)")
+        if "torch" in s:
+            parts.append(f"PyTorch {s['torch'] * scale:.3g} {unit}")
+        out.append(f"{r.case}: " + "; ".join(parts))
+    return out
+
+
 M16 = 16 << 20
-# (case name, builder, shape, dtype, pass, target checks)
-# a check is (label, numerator, denominator, minimum): seconds[numerator] / seconds[denominator]
+# A 5% limit needs many rounds: a round's ratio of two 16M calls spreads by about +-8% here
+SHUFFLED = {"shuffle": True, "rounds": 61}
+# (case name, builder, shape, dtype, pass, target checks[, options: shuffle, at least this many rounds])
+# a check is (label, numerator, denominator, minimum): seconds[numerator] / seconds[denominator];
+# a builder returns None when what it compares with is not installed (the checks are then n/a)
 TARGETS = [
     ("leaky_relu float32, 16M, out=", lambda r: _leaky_case((M16,), np.float32, r, True), (M16,),
      "float32", "forward", [("vs copy bandwidth", "copy", "opkit", 0.9), ("vs torch out=", "torch", "opkit", 1.0)]),
@@ -246,6 +318,13 @@ TARGETS = [
      (8, 64, 128, 128), "float32", "forward", [("vs leaky_relu (time ratio >= 1/1.3)", "opkit leaky_relu", "opkit", 1 / 1.3)]),
     ("fused_bias_leaky_relu NHWC [8,128,128,64]", lambda r: _fused_bias_case((8, 128, 128, 64), np.float32, r),
      (8, 128, 128, 64), "float32", "forward", [("vs numpy chain", "numpy", "opkit", 3.0), ("vs torch eager chain", "torch", "opkit", 1.5)]),
+    ("torch.ops.opkit.leaky_relu float32, 16M", lambda r: _torch_call_case(M16, r), (M16,), "float32",
+     "forward", [("vs the NumPy-level call (time <= 1.05x)", "opkit numpy", "opkit", 1 / 1.05),
+                 ("vs torch F.leaky_relu", "torch", "opkit", 1.0)], SHUFFLED),
+    ("torch.ops.opkit.leaky_relu fwd+bwd autograd, 16M", lambda r: _torch_autograd_case(M16, r), (M16,),
+     "float32", "autograd", [("vs torch nn.LeakyReLU forward+backward", "torch", "opkit", 1.0)], SHUFFLED),
+    ("torch.ops.opkit.leaky_relu, 16 elements", lambda r: _torch_call_case(16, r), (16,), "float32",
+     "forward", [], SHUFFLED),
 ]
 
 
@@ -263,11 +342,16 @@ class TargetResult:
 
 def run_targets(repeat: int, rng) -> Tuple[List[Row], List[TargetResult]]:
     rows, results = [], []
-    for name, build, shape, dtype, pass_, checks in TARGETS:
+    for name, build, shape, dtype, pass_, checks, *options in TARGETS:
         built = build(rng)
+        if built is None:
+            results += [TargetResult(name, label, None, minimum) for label, _, _, minimum in checks]
+            continue
         fns, nbytes = built[0], built[1]
         rounds: Dict[str, List[float]] = {}
-        seconds = timed(fns, repeat, rounds=rounds)
+        option = options[0] if options else {}
+        seconds = timed(fns, max(repeat, option.get("rounds", 0)), rounds=rounds,
+                        shuffle=rng if option.get("shuffle") else None)
         if "copy" in seconds and len(built) > 2:
             # the copy moved built[2] bytes: the time it takes for this call's traffic
             seconds["copy"] *= nbytes / built[2]
@@ -470,6 +554,10 @@ def main(args) -> int:
     else:
         rows, results = run_targets(args.repeat, rng)
     print(format_rows(rows))
+    notes = torch_notes(rows)
+    if notes:
+        print()
+        print("\n".join(notes))
     builds = None
     if args.build_times:
         from .config import get
@@ -484,7 +572,7 @@ def main(args) -> int:
     with open(path, "w") as fh:
         json.dump({"machine": info, "command": " ".join(sys.argv),
                    "rows": [{k: v for k, v in asdict(r).items() if k != "rounds"} for r in rows],
-                   "targets": [dict(asdict(t), met=t.met) for t in results],
+                   "targets": [dict(asdict(t), met=t.met) for t in results], "notes": notes,
                    "build_seconds": builds}, fh, indent=1, default=str)
     print(f"\nwrote {path}")
     if args.plot:

@@ -6,7 +6,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Dict, List, Tuple, Union
+from typing import Callable, Dict, List, Tuple, Union
 
 from ._paths import operators_dir
 from .dsl import build_graphs
@@ -26,7 +26,17 @@ class Registry:
     def __init__(self):
         self._ops: Dict[str, Op] = {}
         self._broken: List[SpecError] = []
+        self._listeners: List[Callable[[Op], None]] = []
         self._lock = threading.RLock()
+
+    def subscribe(self, listener: Callable[[Op], None]) -> None:
+        """Call `listener(op)` for every operator registered so far and for each one registered
+        later (a file loaded again calls it again with the new Op). Integrations such as
+        opkit.torch use this to follow opkit.load and OPKIT_PATH."""
+        with self._lock:
+            self._listeners.append(listener)
+            for op in self.ops():
+                listener(op)
 
     def load(self, path: Union[str, os.PathLike]) -> List[str]:
         """Register every operator declared in a folder (*.yaml) or in one file.
@@ -70,6 +80,9 @@ class Registry:
     def _register(self, ops: List[Op]) -> List[str]:
         for op in ops:
             self._ops[op.name] = op
+        for op in ops:
+            for listener in self._listeners:
+                listener(op)
         return [op.name for op in ops]
 
     def get(self, name: str) -> Op:

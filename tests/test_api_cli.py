@@ -54,6 +54,18 @@ def test_load_is_all_or_nothing(tmp_path):
     assert "api_half_good" not in opkit.list_ops()
 
 
+def test_registry_listeners_see_every_registration(tmp_path):
+    from opkit.registry import Registry
+    registry, seen = Registry(), []
+    registry.load(write_op(tmp_path / "one", GOOD.format(name="api_seen_a")))
+    registry.subscribe(lambda op: seen.append(op))          # the operators so far ...
+    path = write_op(tmp_path / "two", GOOD.format(name="api_seen_b"))
+    registry.load(path)                                       # ... those registered later ...
+    registry.load(path)                                       # ... and again when reloaded
+    assert [op.name for op in seen] == ["api_seen_a", "api_seen_b", "api_seen_b"]
+    assert seen[1] is not seen[2] and seen[2] is registry.get("api_seen_b")
+
+
 def test_name_clash_between_files(tmp_path):
     write_op(tmp_path / "one", GOOD.format(name="api_clash"))
     write_op(tmp_path / "two", GOOD.format(name="api_clash"))

@@ -23,7 +23,8 @@ def wheel(tmp_path_factory):
 def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("opkit/templates/module.pyx.j2", "opkit/templates/opkit_kernel.h",
-                   "opkit/operators/leaky_relu.yaml", "opkit/cli.py", "opkit/spec/load.py"):
+                   "opkit/operators/leaky_relu.yaml", "opkit/cli.py", "opkit/spec/load.py",
+                   "opkit/torch/__init__.py", "opkit/torch/nn.py"):
         assert needed in names, needed
     assert not any(n.endswith((".so", ".c", ".pyx")) for n in names)
     entry = [n for n in names if n.endswith("entry_points.txt")]
