@@ -28,8 +28,10 @@ def test_clipped_elu(dtype):
                                rtol=TOL[dtype], atol=TOL[dtype])
     dy = rng.uniform(-1, 1, x.shape).astype(dtype)
     dx, = op.backward(dy, x, alpha=alpha, cap=cap)
-    # the derivative: 1 on (0, cap] (a tie at cap goes to x), 0 above cap, alpha * e^x below 0
-    slope = np.where(x64 > 0, np.where(x64 <= cap, 1.0, 0.0), alpha * np.exp(x64))
+    # the derivative: 1 on (0, cap), 0 above cap, alpha * e^x below 0; at x == cap min() splits
+    # the tie between x and cap, as PyTorch's minimum does
+    slope = np.where(x64 > 0, np.where(x64 < cap, 1.0, np.where(x64 == cap, 0.5, 0.0)),
+                     alpha * np.exp(x64))
     np.testing.assert_allclose(dx.astype(np.float64), dy.astype(np.float64) * slope,
                                rtol=TOL[dtype], atol=TOL[dtype])
     assert dx.dtype == dtype

@@ -54,8 +54,8 @@ CASES = [
      lambda x: pick(x > 0, pick(x > 1, 1 / (x - 1), 0.5 / np.sqrt(x)), -1 / (1 - x)), EXTREMES),
     ("max-then-sqrt", "sqrt(max(x, 0))",  # at 0 the tie picks x: sqrt's own infinite slope
      lambda x: pick(x >= 0, 0.5 / np.sqrt(x), 0.0), EXTREMES),
-    ("min-of-reciprocal", "min(1 / x, 1)",
-     lambda x: pick(1 / x <= 1, -1 / x ** 2, 0.0), EXTREMES),
+    ("min-of-reciprocal", "min(1 / x, 1)",  # a tie (x == 1) splits the gradient in half
+     lambda x: pick(1 / x < 1, -1 / x ** 2, pick(1 / x == 1, -0.5 / x ** 2, 0.0)), EXTREMES),
     ("abs-of-sqrt", "abs(sqrt(x))",  # abs has no slope at 0, nor at NaN
      lambda x: pick(x > 0, 0.5 / np.sqrt(x), 0.0), EXTREMES),
     ("clamp-of-log", "clamp(log(x), -1, 1)",

@@ -13,7 +13,7 @@ from opkit.validate.reference import evaluate
 
 from conftest import declaration, write_op
 
-NON_SMOOTH = {"where", "min", "max", "abs"}
+NON_SMOOTH = {"where", "min", "max", "abs", "clamp", "floor", "ceil", "round", "sign"}
 
 
 def test_non_smooth_primitives_declare_their_branches():
@@ -79,11 +79,13 @@ def test_kinked_gradients_match_numpy(kinked):
     x = np.array([-3.0, -1.0, -0.5, -1e-3, 0.0, 1e-3, 0.25, 0.5, 0.75, 1.0, 3.0])
     dys = tuple(np.full_like(x, k + 1.0) for k in range(len(KINKED)))
     dx, = kinked.backward(dys, x, alpha=1.3)
-    # ties pick the first argument: max(0, x) and min(0, ...) give x no gradient at 0
-    slopes = [np.where(x > 0, 1.0, 0.0),
-              np.where(x > 0, 1.0, 0.0) + np.where(x < 0, np.exp(x / 1.3), 0.0),
+    # PyTorch's conventions: min and max split a tie (max(0, x) gives x half the gradient at 0,
+    # and CELU written with them gets PyTorch's CELU slope, 1, there); clamp keeps its bounds
+    half = lambda tie: np.where(tie, 0.5, 0.0)  # noqa: E731
+    slopes = [np.where(x > 0, 1.0, 0.0) + half(x == 0),
+              np.where(x > 0, 1.0, 0.0) + np.where(x < 0, np.exp(x / 1.3), 0.0) + 2 * half(x == 0),
               1 / (1 + np.abs(x)) ** 2,
               np.where((x >= -1) & (x <= 1), 1.0, 0.0),
-              np.sign(x) - np.where(x <= 0.5, 1.0, 0.0)]
+              np.sign(x) - np.where(x < 0.5, 1.0, 0.0) - half(x == 0.5)]
     want = sum(dy * s for dy, s in zip(dys, slopes))
     np.testing.assert_allclose(dx, want, rtol=1e-14, atol=1e-15)

@@ -99,10 +99,28 @@ def _instances(dtypes) -> List[ComputeType]:
 
 # ------------------------------------------------------------------------------ element loops
 
+def cname(attr: str) -> str:
+    """An attr's name in generated code. The dtype limits (`finfo.max`) become `_finfo_max`:
+    declared names start with a letter, so `a_<name>` never meets `a__finfo_max`."""
+    return "_finfo_" + attr[6:] if attr.startswith("finfo.") else attr
+
+
+@dataclass(frozen=True)
+class AttrDecl:
+    """An attr as the generated functions take it."""
+
+    name: str       # its name in generated code
+    type: str       # float | int | bool
+
+
+def _decls(spec: OpSpec, attrs) -> List[AttrDecl]:
+    return [AttrDecl(cname(a), spec.attr_type(a)) for a in attrs]
+
+
 def _operand(arg, ct: ComputeType) -> str:
     """An operand in the element loop: a register, an attr field, a constant."""
     if isinstance(arg, Attr):
-        return "a_" + arg.name
+        return "a_" + cname(arg.name)
     if isinstance(arg, Const):
         return _constant(arg.value, ct)
     return str(arg)
@@ -114,6 +132,22 @@ def _statements(ins: Instr, args: Sequence[str], libm: str, dst: str) -> List[st
     if "{d}" in form:  # statements of their own, with a temporary {t}
         return [st.format(*args, f=libm, d=dst, t=dst + "_t") for st in form.split("\n")]
     return [f"{dst} = {form.format(*args, f=libm)}"]
+
+
+def _select(cond, x: str, y: str, made: Dict, ct: ComputeType, depth: int = 8) -> str:
+    """`x if cond else y`, with a condition built from &, | and ~ in the same loop spelled as
+    nested selects: GCC vectorizes those, while a select on a value such as `a & b` of two
+    comparisons can keep a whole loop scalar."""
+    ins = made.get(cond)
+    if depth and ins is not None and ins.op in ("and", "or", "not"):
+        a = ins.args[0]
+        if ins.op == "not":
+            return _select(a, y, x, made, ct, depth - 1)
+        b = ins.args[1]
+        if ins.op == "and":
+            return _select(a, _select(b, x, y, made, ct, depth - 1), y, made, ct, depth - 1)
+        return _select(a, x, _select(b, x, y, made, ct, depth - 1), made, ct, depth - 1)
+    return f"({x} if {_operand(cond, ct)} else {y})"
 
 
 def _hoisted(kernel: Kernel, ct: ComputeType):
@@ -141,6 +175,9 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             lines.append(f"{ins.dst} = opk_qmul_{ct.tag}({args[k]}, {args[1 - k]}, {bits}){where}")
         elif ct.integer and ins.op == "abs":
             lines.append(f"{ins.dst} = ({args[0]} if {args[0]} >= 0 else -{args[0]}){where}")
+        elif ins.op == "where" and isinstance(ins.args[0], Reg):
+            made = {i.dst: i for i in kernel.body if i not in hoisted}
+            lines.append(f"{ins.dst} = {_select(ins.args[0], args[1], args[2], made, ct)}{where}")
         else:
             lines += [line + where for line in _statements(ins, args, ct.libm, str(ins.dst))]
     for i, res in enumerate(kernel.results):
@@ -161,19 +198,19 @@ def _attr_fields(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
     takes a quantized attr as its multiplier m."""
     fields = []
     for name in (kernel.attrs if not _hoisted(kernel, ct) else kernel.loop_attrs):
-        a = spec.attr(name)
-        if a.type == "bool":
-            fields.append(("bint", name, f"attr_{name}"))
+        c = cname(name)
+        if spec.attr_type(name) == "bool":
+            fields.append(("bint", c, f"attr_{c}"))
         elif ct.integer and name in quant:
-            fields.append((ct.type, name, f"<{ct.type}>lrint(attr_{name} * {float(1 << quant[name])!r})"))
+            fields.append((ct.type, c, f"<{ct.type}>lrint(attr_{c} * {float(1 << quant[name])!r})"))
         else:
-            fields.append((ct.type, name, f"<{ct.type}>attr_{name}"))
+            fields.append((ct.type, c, f"<{ct.type}>attr_{c}"))
     return fields
 
 
 def _prologue_operand(arg) -> str:
     if isinstance(arg, Attr):
-        return "attr_" + arg.name
+        return "attr_" + cname(arg.name)
     if isinstance(arg, Const):
         return _constant(arg.value, _DOUBLE)
     return f"s_{arg}"
@@ -196,8 +233,8 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
             temps.append(("double", d + "_t"))
         lines += _statements(ins, [_prologue_operand(a) for a in ins.args], "", d)
     if ct.tag == "f":
-        checks = [f"opk_overflows_f(attr_{a}) or opk_vanishes_f(attr_{a})"
-                  for a in kernel.loop_attrs if spec.attr(a).type == "float"]
+        checks = [f"opk_overflows_f(attr_{cname(a)}) or opk_vanishes_f(attr_{cname(a)})"
+                  for a in kernel.loop_attrs if spec.attr_type(a) == "float"]
         checks += [f"opk_overflows_f(s_{r})" for r in crossing
                    if next(i for i in hoisted if i.dst == r).kind == "float"]
     stores = [f"ctx.a_{name} = {init}" for _, name, init in fields]
@@ -301,7 +338,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
         "dtypes": [{"name": dt, "cost": str(cost(kernel, dt, target.vector_bytes)),
                     "listing": listing(kernel, dt, quant)} for dt in dtypes],
         "instances": instances,
-        "attrs": [spec.attr(a) for a in kernel.attrs],
+        "attrs": _decls(spec, kernel.attrs),
         "n_in": len(kernel.inputs),
         "n_out": len(kernel.outputs),
         "tile": schedule.tile,
@@ -343,6 +380,9 @@ def fast_context(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Opt
     k = steps[0]
     if not all(v.kind is Kind.INPUT for v in k.inputs) or not all(v.kind is Kind.OUTPUT for v in k.outputs):
         return None
+    if any(a.startswith("finfo.") for a in k.attrs) or any(i.optional for i in spec.inputs) \
+            or any(a.type == "str" for a in spec.attrs):
+        return None  # the dtype limits come with the call's dtype: the checked path passes them
     if spec.layouts[0] != "ND" or any(i.shape or (i.layouts_declared and "ND" not in i.layouts)
                                        for i in spec.inputs):
         return None
@@ -387,19 +427,28 @@ def template_digest() -> str:
     return h.hexdigest()
 
 
-def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target) -> str:
-    """The Cython source of the operator's kernel module for `target`."""
+def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
+           others: Sequence = ()) -> str:
+    """The Cython source of the operator's kernel module for `target`. `others` are the
+    (variant, graphs, lowered) of the operator's other variants (str attrs' choices, optional
+    inputs given or not): their kernels join the module under names of their own."""
     file_name = _printable(os.path.basename(spec.file))
-    kernels = []
-    for plan in (lowered.forward, lowered.backward):
-        if plan is None:
-            continue
-        for k in plan.kernels:
-            role = f"{plan.kind}, writes {', '.join(str(v) for v in k.outputs)}"
-            kernels.append(kernel_context(k, role, spec, lowered.schedule, file_name, target,
-                                          clip=plan.kind == "backward"))
-    op = {"name": spec.name, "file_name": file_name, "dtypes": spec.dtypes,
-          "passes": _passes(graphs)}
+    kernels, passes = [], []
+    for variant, g, low in [(graphs.variant, graphs, lowered), *others]:
+        if others:
+            passes.append(f"variant {variant.index}: {variant.label() or 'the defaults'}")
+        passes += [("  " if others else "") + line for line in _passes(g)]
+        for plan in (low.forward, low.backward):
+            if plan is None:
+                continue
+            for k in plan.kernels:
+                role = f"{plan.kind}, writes {', '.join(str(v) for v in k.outputs)}"
+                if others:
+                    role += f" (variant {variant.index})"
+                kernels.append(kernel_context(k, role, spec, low.schedule, file_name, target,
+                                              clip=plan.kind == "backward"))
+    op = {"name": spec.name, "file_name": file_name, "dtypes": spec.dtypes, "passes": passes}
+    fast = fast_context(spec, lowered, kernels) if not others else None
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
-        fast=fast_context(spec, lowered, kernels), codes=DTYPE_CODES, max_operands=MAX_OPERANDS)
+        fast=fast, codes=DTYPE_CODES, max_operands=MAX_OPERANDS)

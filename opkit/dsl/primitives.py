@@ -193,6 +193,8 @@ def select(c: Node, x: Node, y: Node, depth: int = 8) -> Node:
     the expansion of deeply nested conditions."""
     if depth and c.op == "or":
         return select(c.args[0], x, select(c.args[1], x, y, depth - 1), depth - 1)
+    if depth and c.op == "and":
+        return select(c.args[0], select(c.args[1], x, y, depth - 1), y, depth - 1)
     if depth and c.op == "not":
         return select(c.args[0], y, x, depth - 1)
     return apply("where", c, x, y)

@@ -42,7 +42,9 @@ def make_schedule(spec: OpSpec) -> Schedule:
 
 
 def lower(spec: OpSpec, graphs: OpGraphs) -> Lowered:
-    forward = fuse(graphs.forward, "fwd")
+    # a variant's kernels are named apart from the others' (v1fwd0 ...): one module holds all
+    prefix = graphs.variant.prefix if graphs.variant is not None else ""
+    forward = fuse(graphs.forward, prefix + "fwd")
     if spec.int_dtypes:
         check_integer(spec, forward)
     for out_name, in_name in spec.schedule.inplace:
@@ -50,7 +52,7 @@ def lower(spec: OpSpec, graphs: OpGraphs) -> Lowered:
             raise SpecError(f"schedule.inplace: {out_name} cannot overwrite {in_name}: "
                             f"{in_name} is still read after {out_name} is written",
                             spec.schedule.loc)
-    backward = fuse(graphs.backward, "bwd") if graphs.differentiable else None
+    backward = fuse(graphs.backward, prefix + "bwd") if graphs.differentiable else None
     return Lowered(forward, backward, make_schedule(spec))
 
 

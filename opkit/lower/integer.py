@@ -59,6 +59,9 @@ def check_integer(spec: OpSpec, plan: Plan) -> None:
                         not float(arg.value).is_integer():
                     raise SpecError(f"forward: {dtypes} declared, but the constant {arg.value!r} is "
                                     "not an integer", where)
+                if isinstance(arg, Attr) and arg.name.startswith("finfo."):
+                    raise SpecError(f"forward: {dtypes} declared, but {arg.name} is a limit of "
+                                    "float dtypes; declare float dtypes only", where)
                 if isinstance(arg, Attr):
                     a = spec.attr(arg.name)
                     if a.type == "float":

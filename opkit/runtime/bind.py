@@ -14,7 +14,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ..dsl import named
-from ..spec.model import DTYPES, FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
+from ..spec.model import DTYPES, FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
 _NAMES = {np.dtype(d): d for d in DTYPES}
@@ -70,21 +70,61 @@ def split_args(spec: OpSpec, leading: Sequence[str], args: tuple, kwargs: dict, 
         if key in given:
             raise TypeError(f"{where} got argument {key!r} twice (by position and by keyword)")
         given[key] = value
+    optional = {i.name for i in spec.inputs if i.optional}
     for name in list(leading) + list(keyword_only):
         if name not in given:
+            if name in optional:
+                given[name] = None  # an optional input left out
+                continue
             raise TypeError(f"{where} is missing the argument {name!r}")
     return given
 
 
-def check_attrs(spec: OpSpec, given: dict, where: str) -> Dict[str, object]:
-    out = {}
+_FINFO: Dict[np.dtype, Dict[str, float]] = {}
+
+
+def finfo_values(dtype: np.dtype) -> Dict[str, float]:
+    """`finfo.max` and its kin for a call's dtype, as the kernels take them."""
+    found = _FINFO.get(dtype)
+    if found is None:
+        found = {}
+        if dtype.kind == "f":
+            info = np.finfo(dtype)
+            found = {f"finfo.{w}": float(getattr(info, w)) for w in ("max", "min", "eps", "tiny")}
+        _FINFO[dtype] = found
+    return found
+
+
+def check_attrs(spec: OpSpec, given: dict, where: str,
+                dtype: Optional[np.dtype] = None) -> Dict[str, object]:
+    """The attrs as kernels take them (a null one as its null_means, a `finfo.max` default as
+    the call's dtype says; without a dtype it stays as declared); TypeError or ValueError
+    naming the attr otherwise."""
+    out = dict(finfo_values(dtype)) if dtype is not None else {}
     for a in spec.attrs:
         if a.name not in given:
             if a.required:
                 raise TypeError(f"{where} is missing the attribute {a.name!r} ({a.type})")
             v = a.default
+            if isinstance(v, DtypeLimit):
+                if dtype is None:
+                    out[a.name] = v
+                    continue
+                v = out.get(f"finfo.{v.which}", v)
+                if isinstance(v, DtypeLimit):
+                    raise TypeError(f"{where}: {a.name} defaults to {v!r}, which needs float "
+                                    f"data, got {dtype.name}; give {a.name}")
         else:
             v = given[a.name]
+        if a.type == "str":
+            if not isinstance(v, str):
+                raise TypeError(f"{where}: {a.name} must be one of the strings "
+                                f"{', '.join(map(repr, a.choices))}, got {type(v).__name__} {v!r}")
+            if v not in a.choices:
+                raise ValueError(f"{where}: {a.name} must be one of {', '.join(map(repr, a.choices))}"
+                                 f", got {v!r}")
+            out[a.name] = v
+            continue
         if v is None:
             if not a.nullable:
                 raise TypeError(f"{where}: {a.name} must be {_KIND[a.type]}, got None")
@@ -155,6 +195,8 @@ def input_names(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where:
     anchor = LAYOUT_PHYSICAL.get(layout)
     out = {}
     for i in spec.inputs:
+        if i.name not in arrays:
+            continue  # an optional input the call leaves out
         arr = arrays[i.name]
         if i.shape is not None:
             if arr.ndim != len(i.shape):
@@ -205,7 +247,7 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
     # layout-agnostic ones broadcast by NumPy's rules
     exact = [not all(n.startswith("@") for n in names[i.name]) and
              (i.shape is not None or (i.layouts_declared and layout in LAYOUT_DIMS))
-             for i in spec.inputs]
+             for i in spec.inputs if i.name in arrays]
     try:
         sizes = named.dim_sizes(list(values.values()), labels, exact)
     except ValueError as exc:
@@ -221,6 +263,8 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
         if o.like is not None:
             like_arr, like_names = values[o.like]
             for i in spec.inputs:
+                if i.name not in values:
+                    continue
                 arr, nm = values[i.name]
                 for n, s in zip(nm, arr.shape):
                     pos = n.startswith("@") or i.shape is None
@@ -261,9 +305,10 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
     """Check inputs, attrs and layout. `extra` are (name, value, like-output) cotangent arrays.
     `cache` (one per operator) remembers what the shapes decided for calls with the same ones."""
     layout = choose_layout(spec, layout, where)
-    arrays = {i.name: as_array(given[i.name], i.name, i.dtypes, where) for i in spec.inputs}
+    arrays = {i.name: as_array(given[i.name], i.name, i.dtypes, where) for i in spec.inputs
+              if not (i.optional and given.get(i.name) is None)}
     extras = [(name, as_array(value, name, FLOAT_DTYPES, where), like) for name, value, like in extra]
-    key = (layout, tuple((a.shape, a.dtype) for a in arrays.values()),
+    key = (layout, tuple((n, a.shape, a.dtype) for n, a in arrays.items()),
            tuple((n, a.shape, a.dtype, like) for n, a, like in extras))
     shapes = cache.get(key) if cache is not None else None
     if shapes is None:
@@ -277,4 +322,5 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
         values[name] = (arr, shapes.names[name])
     outputs = {o: (nm, shape, arrays[like] if like else None)
                for o, (nm, shape, like) in shapes.outputs.items()}
-    return Bound(layout, values, shapes.sizes, check_attrs(spec, given, where), shapes.dtype, outputs)
+    return Bound(layout, values, shapes.sizes, check_attrs(spec, given, where, shapes.dtype),
+                 shapes.dtype, outputs)

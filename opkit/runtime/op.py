@@ -13,7 +13,8 @@ from ..spec.model import INT_DTYPES
 from .bind import dtype_name
 from .precision import apply_mode, quantized_attrs
 from ..codegen import render
-from ..dsl.graph import OpGraphs
+from ..dsl.graph import OpGraphs, build_graphs
+from ..dsl.variants import Variant, pick, variants
 from ..lower import Lowered, Value, lower
 from ..spec.model import OpSpec
 from .bind import Bound, bind, split_args
@@ -37,18 +38,21 @@ class Op:
 
     def __init__(self, spec: OpSpec, graphs: OpGraphs, lowered: Optional[Lowered] = None):
         """Nothing is compiled, probed or (unless `lowered` is given) lowered here: operators
-        cost nothing until they are called."""
+        cost nothing until they are called. `graphs` (and `lowered`) are those of the first
+        variant; an operator with str attrs or optional inputs builds the others on demand."""
         self.spec = spec
         self.name = spec.name
         self.graphs = graphs
+        self.variants: Tuple[Variant, ...] = variants(spec)
         self.__doc__ = f"{spec.name}: {spec.summary}" if spec.summary else spec.name
         self._lock = threading.RLock()
         self._modules: Dict[str, object] = {}
         self._fast: Dict[str, object] = {}  # isa -> the module's direct call, if it has one
         self._shapes: Dict[tuple, object] = {}  # what calls with the same shapes decided
         self._builds: Dict[str, BuildResult] = {}
-        self._lowered = lowered
-        self._executors: Optional[Tuple[Executor, Optional[Executor]]] = None
+        self._graphs: Dict[int, OpGraphs] = {0: graphs}         # by variant index
+        self._lowered: Dict[int, Lowered] = {0: lowered} if lowered is not None else {}
+        self._executors: Dict[int, Tuple[Executor, Optional[Executor]]] = {}
         # the arrays a call writes, named once: calls key their arrays by these
         self._outputs = {o.name: Value.output(o.name) for o in spec.outputs}
         self._grads = {i.name: Value.output("d" + i.name) for i in spec.inputs}
@@ -61,13 +65,39 @@ class Op:
 
     # ------------------------------------------------------------------ pipeline
 
-    def lowered(self) -> Lowered:
-        """The kernel plans: a pure function of the declaration, the same on every machine."""
-        if self._lowered is None:
+    def graphs_of(self, variant: Variant) -> OpGraphs:
+        """The graphs of one variant (what str attrs and optional inputs decide)."""
+        graphs = self._graphs.get(variant.index)
+        if graphs is None:
             with self._lock:
-                if self._lowered is None:
-                    self._lowered = lower(self.spec, self.graphs)
-        return self._lowered
+                graphs = self._graphs.get(variant.index)
+                if graphs is None:
+                    graphs = self._graphs[variant.index] = build_graphs(self.spec, variant)
+        return graphs
+
+    def lowered(self, variant: Optional[Variant] = None) -> Lowered:
+        """The kernel plans (of the first variant, or of `variant`): a pure function of the
+        declaration, the same on every machine."""
+        index = variant.index if variant is not None else 0
+        done = self._lowered.get(index)
+        if done is None:
+            with self._lock:
+                done = self._lowered.get(index)
+                if done is None:
+                    graphs = self.graphs_of(variant) if variant is not None else self.graphs
+                    done = self._lowered[index] = lower(self.spec, graphs)
+        return done
+
+    def _run_plans(self, variant: Optional[Variant] = None) -> Tuple[Executor, Optional[Executor]]:
+        index = variant.index if variant is not None else 0
+        found = self._executors.get(index)
+        if found is None:
+            lowered = self.lowered(variant)
+            bwd = lowered.backward
+            found = self._executors[index] = (
+                Executor(lowered.forward, f"{self.name}()"),
+                Executor(bwd, f"{self.name}.backward()") if bwd is not None else None)
+        return found
 
     @property
     def _fwd(self) -> Executor:
@@ -77,17 +107,11 @@ class Op:
     def _bwd(self) -> Optional[Executor]:
         return self._run_plans()[1]
 
-    def _run_plans(self) -> Tuple[Executor, Optional[Executor]]:
-        if self._executors is None:
-            lowered = self.lowered()
-            bwd = lowered.backward
-            self._executors = (Executor(lowered.forward, f"{self.name}()"),
-                               Executor(bwd, f"{self.name}.backward()") if bwd is not None else None)
-        return self._executors
-
     def source(self, isa: str = "") -> str:
-        """The generated Cython module for `isa` (default: the isa setting)."""
-        return render(self.spec, self.graphs, self.lowered(), toolchain(isa).target)
+        """The generated Cython module for `isa` (default: the isa setting): every variant's
+        kernels in one module."""
+        others = [(v, self.graphs_of(v), self.lowered(v)) for v in self.variants[1:]]
+        return render(self.spec, self.graphs, self.lowered(), toolchain(isa).target, others)
 
     def build(self, force: bool = False, isa: str = "") -> BuildResult:
         """Compile the kernels into the cache (a cache hit does no work)."""
@@ -201,6 +225,13 @@ class Op:
                     return result
         return self._call(args, kwargs, out, layout, precision_mode)
 
+    def _variant(self, bound: Bound) -> Variant:
+        """The variant a checked call runs: its str attrs' values, the optional inputs given."""
+        if len(self.variants) == 1:
+            return self.variants[0]
+        given = tuple(i.name for i in self.spec.inputs if i.optional and i.name in bound.values)
+        return pick(self.variants, bound.attrs, given)
+
     def _prepare(self, args, kwargs, layout, precision_mode, where, extra=()):
         """Arguments matched, cast by the precision mode, checked and bound. `extra`:
         (name, output) of the output gradients a backward call carries."""
@@ -217,14 +248,15 @@ class Op:
     def _call(self, args, kwargs, out, layout, precision_mode):
         where = f"{self.name}()"
         bound = self._prepare(args, kwargs, layout, precision_mode, where)
-        check_scalars(self.spec, self._fwd.plan, bound.attrs, bound.dtype, where)
+        fwd = self._run_plans(self._variant(bound))[0]
+        check_scalars(self.spec, fwd.plan, bound.attrs, bound.dtype, where)
         given = self._prepare_out(out, bound, where) if out is not None else {}
         self._aligned(bound)
         outs = self._stage_outs(given, bound.dtype)
         self._resolve_overlap(bound, outs)
         like = self._like(bound)
         dtypes = {vid: bound.dtype for vid in like}
-        results = self._fwd.run(bound, self.module(), outs, dtypes, like)
+        results = fwd.run(bound, self.module(), outs, dtypes, like)
         for vid, arr in given.items():
             if not np.may_share_memory(arr, outs[vid]):  # a buffer of its own (_stage_outs)
                 np.copyto(arr, outs[vid])
@@ -239,7 +271,7 @@ class Op:
         `dy` is the gradient of the output (a tuple of them when the operator has several).
         `clip`: every gradient is clamped to [-clip, clip] in the same pass that computes it."""
         where = f"{self.name}.backward()"
-        if self._bwd is None:
+        if not any(i.differentiable for i in self.spec.inputs):
             raise TypeError(f"{where}: {self.name} has no differentiable inputs")
         clip = check_clip(clip, where)
         outputs = self.spec.outputs
@@ -260,17 +292,26 @@ class Op:
             kwargs[name] = c
         bound = self._prepare(args, kwargs, layout, precision_mode, where,
                               [(n, o.name) for n, o in zip(cot_names, outputs)])
-        ints = [n for n in self.spec.input_names if bound.values[n][0].dtype.kind in "iu"]
+        ints = [n for n in self.spec.input_names
+                if n in bound.values and bound.values[n][0].dtype.kind in "iu"]
         if ints or dtype_name(bound.dtype) in INT_DTYPES:
             raise TypeError(f"{where}: integer calls have no gradient ({', '.join(ints) or 'dy'} "
                             "is an integer array); pass float arrays")
-        check_scalars(self.spec, self._bwd.plan, bound.attrs, bound.dtype, where)
-        self._aligned(bound)
+        variant = self._variant(bound)
+        bwd = self._run_plans(variant)[1]
+        results = {}
+        if bwd is not None:  # (None: only absent optional inputs could take gradients)
+            check_scalars(self.spec, bwd.plan, bound.attrs, bound.dtype, where)
+            self._aligned(bound)
+            results = bwd.run(bound, self.module(), {}, *self._grad_targets(bound, variant), clip)
+        return tuple(results.get(f"d{n}") for n in self.spec.input_names)
+
+    def _grad_targets(self, bound: Bound, variant: Variant):
+        """(dtypes, like) of the gradients a backward call writes."""
         like, dtypes = {}, {}
-        for name in self.graphs.differentiable:
+        for name in self.graphs_of(variant).differentiable:
             arr, names = bound.values[name]
             like[self._grads[name]] = (arr, names)
             dtypes[self._grads[name]] = arr.dtype  # a gradient takes its input's dtype
-        results = self._bwd.run(bound, self.module(), {}, dtypes, like, clip)
-        return tuple(results.get(f"d{n}") for n in self.spec.input_names)
+        return dtypes, like
 

@@ -81,7 +81,7 @@ def _what_to_check(spec: OpSpec, plan: Plan):
     found = _CHECKS.get(id(plan))
     if found is None or found[0] is not plan:
         float_attrs = sorted({a for k in plan.kernels for a in k.loop_attrs
-                              if spec.attr(a).type == "float"})
+                              if spec.attr_type(a) == "float"})
         found = (plan, float_attrs, [k for k in plan.kernels if k.prologue_results])
         _CHECKS[id(plan)] = found
     return found[1], found[2]

@@ -166,6 +166,11 @@ class OpSpec:
     def attr(self, name: str) -> AttrSpec:
         return next(a for a in self.attrs if a.name == name)
 
+    def attr_type(self, name: str) -> str:
+        """The type of an attr a kernel reads: a declared one's, or float for the dtype limits
+        (`finfo.max` ...) the runtime passes like attrs."""
+        return "float" if name.startswith("finfo.") else self.attr(name).type
+
     @functools.cached_property
     def input_names(self) -> Tuple[str, ...]:
         return tuple(i.name for i in self.inputs)
