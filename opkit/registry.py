@@ -135,10 +135,14 @@ def make_op(path: Path) -> Op:
     """Check one declaration through the DSL stage and the hand-written backward, if any."""
     spec = load_spec(path)
     graphs = build_graphs(spec)
-    if graphs.declared:
-        from .validate.declared import check_declared_backward
-        check_declared_backward(spec, graphs)
-    return Op(spec, graphs, lower(spec, graphs))  # lowering checks schedule.inplace
+    op = Op(spec, graphs, lower(spec, graphs))  # lowering checks schedule.inplace
+    for variant in op.variants:  # each choice of the str attrs, optional inputs given or not
+        variant_graphs = op.graphs_of(variant)
+        op.lowered(variant)
+        if variant_graphs.declared:
+            from .validate.declared import check_declared_backward
+            check_declared_backward(spec, variant_graphs)
+    return op
 
 
 REGISTRY = Registry()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Dict, Mapping, Tuple
+from typing import Mapping, Tuple
 
 from ..errors import SpecError
 from ..spec.model import OpSpec
@@ -24,11 +24,13 @@ class Variant:
     index: int                               # position among the operator's variants
     choices: Tuple[Tuple[str, str], ...]     # (str attr, its value)
     given: Tuple[str, ...]                   # the optional inputs present
+    optional: Tuple[str, ...] = ()           # every optional input of the operator
 
     def label(self) -> str:
-        """How reports name the variant: `approximate=tanh, min given`."""
+        """How reports name the variant: `approximate=tanh, min given, max not given`."""
         parts = [f"{a}={v}" for a, v in self.choices]
-        return ", ".join(parts + [f"{n} given" for n in self.given])
+        parts += [f"{n} {'given' if n in self.given else 'not given'}" for n in self.optional]
+        return ", ".join(parts)
 
     @property
     def prefix(self) -> str:
@@ -56,7 +58,7 @@ def variants(spec: OpSpec) -> Tuple[Variant, ...]:
     for given in itertools.product((False, True), repeat=len(optional)):
         present = tuple(n for n, g in zip(optional, given) if g)
         for choice in itertools.product(*axes):
-            out.append(Variant(len(out), tuple(choice), present))
+            out.append(Variant(len(out), tuple(choice), present, tuple(optional)))
     return tuple(out)
 
 
@@ -67,9 +69,3 @@ def pick(all_variants: Tuple[Variant, ...], choices: Mapping[str, str],
         if v.given == given and all(choices[a] == value for a, value in v.choices):
             return v
     raise KeyError((choices, given))  # unreachable for checked values
-
-
-def describe(spec: OpSpec) -> Dict[str, object]:
-    """What varies, for `opkit show`."""
-    return {"str attrs": {a.name: a.choices for a in spec.attrs if a.type == "str"},
-            "optional inputs": [i.name for i in spec.inputs if i.optional]}

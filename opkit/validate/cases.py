@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
+from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
 
 
 DIM_SIZES = {"N": 2, "C": 3, "H": 5, "W": 7}
@@ -120,10 +120,16 @@ def case_inputs(case: Case, dtype: str) -> Dict[str, np.ndarray]:
 
 
 def default_attrs(spec: OpSpec) -> Dict[str, object]:
+    """A value for every attr: its default (one that depends on the dtype, such as
+    `finfo.max`, is left to the call), or one inside its range."""
     out = {}
     for a in spec.attrs:
+        if isinstance(a.default, DtypeLimit):
+            continue
         if not a.required:
             out[a.name] = a.default
+        elif a.type == "str":
+            out[a.name] = a.choices[0]
         elif a.type == "bool":
             out[a.name] = True
         elif a.range is not None and math.isfinite(a.range.low) and math.isfinite(a.range.high):
@@ -144,6 +150,8 @@ def attr_samples(spec: OpSpec, rng, count: int = 2) -> List[Dict[str, object]]:
             lo, hi = max(lo, -4.0), min(hi, 4.0)
             if a.type == "bool":
                 attrs[a.name] = bool(rng.integers(2))
+            elif a.type == "str":
+                attrs[a.name] = a.choices[int(rng.integers(len(a.choices)))]
             elif a.type == "int":
                 attrs[a.name] = int(rng.integers(int(math.ceil(lo)), int(math.floor(hi)) + 1)) \
                     if math.floor(hi) >= math.ceil(lo) else default_attrs(spec)[a.name]

@@ -23,18 +23,34 @@ def _reference(spec: OpSpec, graph, given: Dict[str, object], layout: str, extra
 
 
 def validate_op(op, dtypes: Optional[List[str]] = None, seed: int = 0) -> Report:
-    """Forward and backward of every dtype against the reference, plus finite differences."""
-    spec, graphs = op.spec, op.graphs
+    """Forward and backward of every dtype against the reference, plus finite differences, for
+    each variant of the operator (each choice of its str attrs, optional inputs given or not)."""
+    report = Report(op.spec.name)
+    for variant in op.variants:
+        _validate_variant(op, variant, report, dtypes, seed,
+                          f" [{variant.label()}]" if len(op.variants) > 1 else "")
+    return report
+
+
+def variant_inputs(spec: OpSpec, variant, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """A case's arrays without the optional inputs the variant leaves out."""
+    return {k: v for k, v in arrays.items()
+            if not spec.input(k).optional or k in variant.given}
+
+
+def _validate_variant(op, variant, report: Report, dtypes, seed: int, tag: str) -> None:
+    spec, graphs = op.spec, op.graphs_of(variant)
     rng = np.random.default_rng(seed)
-    sched = op.lowered().schedule
-    cases = make_cases(spec, rng, sched.tile, sched.parallel_threshold)
-    attrs = default_attrs(spec)
-    report = Report(spec.name)
+    lowered = op.lowered(variant)
+    sched = lowered.schedule
+    cases = [Case(c.label, c.layout, variant_inputs(spec, variant, c.arrays), c.views)
+             for c in make_cases(spec, rng, sched.tile, sched.parallel_threshold)]
+    attrs = {**default_attrs(spec), **dict(variant.choices)}
     wanted = dtypes or list(spec.dtypes)
     # units in the last place measure elementwise results; after an FFT or a matmul the round-off
     # scales with the whole signal, and only the absolute/relative standard applies
-    elementwise = all(isinstance(step, Kernel) for step in op.lowered().forward.steps)
-    if not elementwise:
+    elementwise = all(isinstance(step, Kernel) for step in lowered.forward.steps)
+    if not elementwise and not report.notes:
         report.notes.append("no ULP distances: the forward pass has library steps (fft, matmul, "
                             "sums) whose round-off scales with the whole signal")
     for dtype in [d for d in wanted if d in FLOAT_DTYPES]:
@@ -66,17 +82,20 @@ def validate_op(op, dtypes: Optional[List[str]] = None, seed: int = 0) -> Report
                 bwd.add(g, shaped(gref[name], names, arr.shape), dtype, f"{case.label} d{name}",
                         nan_ok[name])
             nb += 1
-        check = _check(f"forward {dtype}", len(cases), fwd)
+        check = _check(f"forward {dtype}{tag}", len(cases), fwd)
         if not elementwise:
             check.max_ulp = None
         report.checks.append(check)
         if graphs.differentiable:
-            report.checks.append(_check(f"backward {dtype}", nb, bwd))
+            report.checks.append(_check(f"backward {dtype}{tag}", nb, bwd))
     for dtype in [d for d in wanted if d in INT_DTYPES]:
-        report.checks.append(check_integer_kernel(op, dtype, cases, rng))
+        check = check_integer_kernel(op, dtype, cases, rng, variant)
+        check.what += tag
+        report.checks.append(check)
     if graphs.differentiable and "float64" in spec.dtypes and "float64" in wanted:
-        report.checks.append(gradcheck(op, cases, attrs, rng, report.notes))
-    return report
+        check = gradcheck(op, cases, attrs, rng, report.notes, graphs)
+        check.what += tag
+        report.checks.append(check)
 
 
 def _int_values(rng, shape, dtype: str, exhaustive: bool) -> np.ndarray:
@@ -94,13 +113,16 @@ def _int_values(rng, shape, dtype: str, exhaustive: bool) -> np.ndarray:
     return arr.astype(dtype)
 
 
-def check_integer_kernel(op, dtype: str, cases: List[Case], rng) -> Check:
+def check_integer_kernel(op, dtype: str, cases: List[Case], rng, variant=None) -> Check:
     """Integer kernels against the exact integer reference, bit for bit: every int8 and int16
     value in the larger cases, at the attrs' defaults and at random values in their ranges."""
     from .integer import evaluate_int, saturate
-    spec, graphs = op.spec, op.graphs
+    spec = op.spec
+    variant = variant or op.variants[0]
+    graphs = op.graphs_of(variant)
     worst, count, where = 0.0, 0, ""
     for attrs in attr_samples(spec, rng):
+        attrs.update(variant.choices)
         for case in cases:
             inputs = {}
             for k, v in case.arrays.items():

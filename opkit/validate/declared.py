@@ -36,9 +36,16 @@ def _compare_backwards(spec: OpSpec, graphs: OpGraphs, seed: int) -> None:
     from ..dsl.ir import format_expr
     rng = np.random.default_rng(seed)
     dtype = _check_dtype(spec)
+    variant = graphs.variant
     cases = [c for c in make_cases(spec, rng, special=False)[:12]
              if min((v.size for v in c.arrays.values()), default=0) > 0]
+    if variant is not None:  # without the optional inputs this variant leaves out
+        cases = [replace(c, arrays={k: v for k, v in c.arrays.items()
+                                    if not spec.input(k).optional or k in variant.given})
+                 for c in cases]
     for attrs in attr_samples(spec, rng):
+        if variant is not None:
+            attrs.update(variant.choices)
         for case in cases:
             given = {**case_inputs(case, dtype), **attrs}
             bound = bind(spec, given, case.layout, spec.name)

@@ -33,7 +33,7 @@ class Report:
         ulps = {}
         for c in self.checks:
             if c.what.startswith("forward") and c.max_ulp is not None:
-                dt = c.what.split()[-1]
+                dt = c.what.split()[1]  # "forward float32" (and a variant's label after it)
                 ulps[dt] = max(ulps.get(dt, 0), c.max_ulp)
         grad = [c for c in self.checks if c.what.startswith("gradcheck")]
         parts = [f"{dt.replace('float', 'f')} {u} ulp" for dt, u in ulps.items()]
