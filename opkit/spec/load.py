@@ -13,7 +13,7 @@ from ..errors import Loc, SpecError
 from ..quantize import fixed_point
 from .model import (ATTR_TYPES, DTYPES, FINFO, FLOAT_DTYPES, LAYOUTS, RESERVED_NAMES, AttrSpec,
                     Binding, DtypeLimit, InputSpec, Interval, OpSpec, OutputSpec, ScheduleSpec)
-from .yamlnodes import YNode, load_yaml
+from .yamlnodes import YNode, interval_hint, load_yaml
 
 _IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 _OP_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
@@ -43,7 +43,10 @@ class _Map:
             if key not in allowed:
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of: {', '.join(allowed)}"
-                raise SpecError(f"{where}: unknown key {key!r}{hint}", node.key_loc(key))
+                loc = node.key_loc(key)
+                if key.endswith((")", "]")):  # the far end of an unquoted interval
+                    hint += interval_hint(_TEXTS.get(loc.file, ""), loc.line)
+                raise SpecError(f"{where}: unknown key {key!r}{hint}", loc)
 
     def get(self, key: str) -> Optional[YNode]:
         return self.node.value.get(key)
@@ -174,6 +177,10 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
         if optional and not specs:
             raise SpecError(f"{where}.optional: the first input cannot be optional (it sets the "
                             "call's shape and dtype); put optional inputs after it", f.get("optional").loc)
+        if not optional and specs and specs[-1].optional:
+            raise SpecError(f"inputs.{name}: comes after the optional input {specs[-1].name!r}; "
+                            "declare the inputs every call gives first, then the optional ones",
+                            node.key_loc(name))
         taken[name.lower()] = "an input"
         specs.append(InputSpec(name, dtypes, layouts, layouts_node is not None, shape,
                                differentiable, domain, node.key_loc(name), optional))
@@ -373,8 +380,19 @@ _TOP_KEYS = ("name", "summary", "inputs", "attrs", "outputs", "forward", "backwa
              "precision_reduce")
 
 
+_TEXTS: Dict[str, str] = {}  # the text being checked, by file name (for hints on its lines)
+
+
 def parse_spec(text: str, file: str) -> OpSpec:
     """Check one declaration given as YAML text; `file` names it in error messages."""
+    _TEXTS[file] = text
+    try:
+        return _parse(text, file)
+    finally:
+        _TEXTS.pop(file, None)
+
+
+def _parse(text: str, file: str) -> OpSpec:
     root = load_yaml(text, file)
     top = _Map(root, "the declaration", _TOP_KEYS)
     name_node = top.need("name")

@@ -154,6 +154,22 @@ class _Converter:
         return YNode(_scalar(node.value, quoted), loc, quoted, pieces=pieces)
 
 
+_OPEN_INTERVAL = re.compile(r"[\[(]\s*[-+.\w]+\s*,\s*[-+.\w]+\s*[\])]")
+
+
+def interval_hint(text: str, line: int) -> str:
+    """A hint when a line around `line` holds an unquoted interval with an open end: YAML
+    reads `[0, 1)` as the start of a list and `(0, 1]` as text up to the comma."""
+    lines = text.splitlines()
+    for near in lines[max(line - 2, 0):line + 1]:
+        for m in _OPEN_INTERVAL.finditer(near):
+            if not (m.group()[0] == "[" and m.group()[-1] == "]") and \
+                    f'"{m.group()}"' not in near and f"'{m.group()}'" not in near:
+                return (f"; an interval with an open end must be quoted, as in "
+                        f"range: \"{m.group()}\"")
+    return ""
+
+
 def load_yaml(text: str, file: str) -> YNode:
     """Parse one YAML document into located nodes; every failure is a SpecError naming file:line."""
     try:
@@ -171,7 +187,7 @@ def load_yaml(text: str, file: str) -> YNode:
         if ctx:
             where = f" (line {cm.line + 1})" if cm is not None and mark is not cm else ""
             detail = f"{ctx}{where}: {detail}" if detail else ctx
-        raise SpecError(f"invalid YAML: {detail}", loc) from None
+        raise SpecError(f"invalid YAML: {detail}{interval_hint(text, loc.line)}", loc) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"invalid YAML: {exc}", Loc(file, 1)) from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.value.strip() in ("", "~", "null")):

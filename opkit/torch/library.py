@@ -25,11 +25,12 @@ import torch
 from ..config import DEFAULT_PRECISION, call_state
 from ..config import get as setting
 from ..runtime import Op
+from ..spec.model import DtypeLimit
 from .tensors import DTYPES, TORCH_DTYPES, Convert, as_array, check_tensor, torch_order
 
 NAMESPACE = "opkit"
 BACKWARD_NAMESPACE = "opkit_backward"
-_TYPES = {"float": "float", "int": "int", "bool": "bool"}
+_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
 
 _lock = threading.RLock()
 _ENTRIES: Dict[str, "Entry"] = {}
@@ -53,6 +54,10 @@ def _default(a) -> Optional[str]:
         return "True" if v else "False"
     if a.type == "int":
         return str(int(v))
+    if a.type == "str":
+        return repr(v)  # a choice: letters, digits and underscores
+    if isinstance(v, DtypeLimit):
+        return "None"   # the call's dtype decides it: None stands for it
     return repr(float(v)) if math.isfinite(v) else "None"  # schemas cannot spell inf
 
 
@@ -70,7 +75,8 @@ def schema(spec, mutable: Optional[str] = None, outs: Sequence[str] = (),
     """A schema string: any cotangents, the inputs as Tensors, then the attrs with their defaults
     (positional or keyword, as opkit's own calls take them), then any out= tensors."""
     args = [f"Tensor {c}" for c in cotangents]
-    args += [f"Tensor{'(a!)' if n == mutable else ''} {n}" for n in spec.input_names]
+    args += [f"Tensor? {i.name}=None" if i.optional else
+             f"Tensor{'(a!)' if i.name == mutable else ''} {i.name}" for i in spec.inputs]
     args += [_attr_decl(a) for a in spec.attrs]
     letters = "abcdefghijklmnopqrstuvwxyz"
     if outs:
@@ -99,8 +105,8 @@ class Entry:
         self.conv = Convert(op, f"torch.ops.{NAMESPACE}.{op.name}")
         self.n_out = len(spec.outputs)
         self.out_names = ["out"] if self.n_out == 1 else list(spec.output_names)
-        self.differentiable = [k for k, i in enumerate(spec.inputs)
-                               if i.name in op.graphs.differentiable]
+        # every input that can take a gradient (an optional one in the variants that give it)
+        self.differentiable = [k for k, i in enumerate(spec.inputs) if i.differentiable]
         # attrs whose default a schema cannot spell (inf) are optional there; None means default
         self.unspelled = {a.name: a.default for a in spec.attrs
                           if not a.required and not a.nullable and _default(a) == "None"}
@@ -111,7 +117,8 @@ class Entry:
         self.defs: Dict[str, object] = {}  # kind -> its CustomOpDef
         self.guard = None
         # the common call takes a shorter path (see _forward_plain)
-        self.plain = self.conv.agnostic and self.n_out == 1 and not self.unspelled
+        self.plain = self.conv.agnostic and self.n_out == 1 and not self.unspelled and \
+            not any(i.optional for i in spec.inputs)
         self.allowed = [frozenset(TORCH_DTYPES[d] for d in i.dtypes if d in TORCH_DTYPES)
                         for i in spec.inputs]
 
@@ -133,10 +140,16 @@ class Entry:
         attrs = dict(zip(self.spec.attr_names, args[n:])) if len(args) > n else {}
         if kwargs:
             attrs.update(kwargs)
+        head = tuple(args[:n])
+        if len(head) < n:  # trailing optional inputs left out, or given by keyword
+            head += tuple(attrs.pop(i.name, None) for i in self.spec.inputs[len(head) - lead:])
         for name, default in self.unspelled.items():
             if name in attrs and attrs[name] is None:
-                attrs[name] = default
-        return args[:n], attrs
+                if isinstance(default, DtypeLimit):
+                    del attrs[name]  # opkit takes the limit of the call's dtype
+                else:
+                    attrs[name] = default
+        return head, attrs
 
     @staticmethod
     def _mode() -> dict:
@@ -166,7 +179,7 @@ class Entry:
         outs = []
         for o, arr in enumerate(results):
             t = torch.from_numpy(arr)
-            if any(np.may_share_memory(arr, a) for a in arrays):  # never return an input's memory
+            if any(np.may_share_memory(arr, a) for a in arrays if a is not None):  # not an input
                 t = t.clone()
             t = self.conv.to_logical(t, call, o, bound)
             k = self.conv.like[o]
@@ -252,8 +265,11 @@ class Entry:
                                  layout=call.layout, **self._mode(), **attrs)
         outs = []
         for k in self.differentiable:
+            if grads[k] is None:  # an optional input the call left out: a placeholder
+                outs.append(cots[0].new_empty(0))
+                continue
             g = torch.from_numpy(grads[k])
-            if any(np.may_share_memory(grads[k], a) for a in arrays + dys):
+            if any(np.may_share_memory(grads[k], a) for a in arrays + dys if a is not None):
                 g = g.clone()
             outs.append(self.conv.grad_to_logical(g, call, k))
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -262,25 +278,30 @@ class Entry:
         head, _ = self._split(args, kwargs, self.n_out)
         tensors = head[self.n_out:]
         self.conv.call(tensors)  # the same checks
-        outs = [torch.empty_like(tensors[k]) for k in self.differentiable]
+        outs = [torch.empty_like(tensors[k]) if tensors[k] is not None
+                else head[0].new_empty(0) for k in self.differentiable]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     # -------------------------------------------------------------- autograd
 
     def setup_context(self, ctx, inputs, output):
         n = len(self.spec.inputs)
-        ctx.save_for_backward(*inputs[:n])
+        # trailing optional inputs a call leaves out are not among `inputs`: they are None
+        tensors = tuple(inputs[:n]) + (None,) * (n - len(inputs[:n]))
+        ctx.save_for_backward(*tensors)
         ctx.attrs = inputs[n:]
 
     def grad(self, ctx, *grads):
         needs = ctx.needs_input_grad
+        wanted = [k for k in self.differentiable if k < len(needs) and needs[k]]
         result = [None] * len(needs)
-        if any(needs[k] for k in self.differentiable):
-            gs = self.backward_op(*grads, *ctx.saved_tensors, *ctx.attrs)
+        if wanted:
+            saved = ctx.saved_tensors
+            gs = self.backward_op(*grads, *saved, *ctx.attrs)
             if len(self.differentiable) == 1:
                 gs = (gs,)
             for k, g in zip(self.differentiable, gs):
-                if needs[k]:
+                if k in wanted and saved[k] is not None:
                     result[k] = g
         return tuple(result)
 

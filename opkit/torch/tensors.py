@@ -64,8 +64,11 @@ def check_tensor(t, name: str, allowed: Sequence[str], where: str) -> None:
                         + ("" if t.dtype == torch.bool else f"; convert it first, e.g. {fix}"))
 
 
-def as_array(t: torch.Tensor) -> np.ndarray:
-    """The NumPy view of a checked CPU tensor (no copy)."""
+def as_array(t: Optional[torch.Tensor]) -> Optional[np.ndarray]:
+    """The NumPy view of a checked CPU tensor (no copy); None stays None (an optional input
+    left out)."""
+    if t is None:
+        return None
     if t.requires_grad:
         t = t.detach()
     if t.is_neg():  # a lazily negated view (autograd makes some): NumPy cannot read the bit
@@ -144,15 +147,21 @@ class Convert:
         return (self._layout("ND") if "ND" in layouts else None), False
 
     def call(self, tensors: Sequence[torch.Tensor]) -> Call:
-        """Check the tensors and view each one the way the operator takes it."""
+        """Check the tensors and view each one the way the operator takes it (an optional
+        input left out stays None)."""
         for i, t in zip(self.inputs, tensors):
-            check_tensor(t, i.name, i.dtypes, self.where)
+            if not (t is None and i.optional):
+                check_tensor(t, i.name, i.dtypes, self.where)
         layout, nhwc = self.mode(tensors)
         if not nhwc:
             return Call(layout, False, tuple(tensors), list(tensors), self.flat)
         views, padded = [], []
         for i, t in zip(self.inputs, tensors):
             pad = -1
+            if t is None:
+                views.append(None)
+                padded.append(pad)
+                continue
             if nhwc and i.shape is None:
                 if t.dim() == 4:
                     pad = 0
@@ -211,7 +220,8 @@ class Convert:
 
     def dummies(self, call: Call) -> List[np.ndarray]:
         """Arrays with the views' shapes and dtypes and no memory, for opkit's checks."""
-        return [np.broadcast_to(np.empty((), DTYPES[v.dtype]), tuple(_hint(s) for s in v.shape))
+        return [None if v is None else
+                np.broadcast_to(np.empty((), DTYPES[v.dtype]), tuple(_hint(s) for s in v.shape))
                 for v in call.views]
 
     def fake_outputs(self, call: Call, attrs: dict) -> List[torch.Tensor]:
@@ -228,6 +238,8 @@ class Convert:
             names, _, _ = bound.outputs[out.name]
             sizes = {}  # each dim's (possibly symbolic) size, from an input that has it
             for v, name in zip(call.views, self.spec.input_names):
+                if v is None:
+                    continue
                 for n, s in zip(bound.values[name][1], v.shape):
                     if n not in sizes and _hint(s) == bound.sizes[n]:
                         sizes[n] = s
