@@ -278,3 +278,19 @@ def test_a_quoted_interval_needs_no_hint():
     spec = parse_spec(declaration("x * a", attrs={"a": '{type: float, default: 0.5, range: "(0, 1]"}'}),
                       "t.yaml")
     assert str(spec.attr("a").range) == "(0.0, 1.0]"
+
+
+# ------------------------------------------------------------------ the reference page
+
+def test_the_function_table_of_the_spec_page_is_the_generated_one(repo):
+    """docs/spec.md lists the functions from the primitive records: one place says each."""
+    from opkit.dsl.reference_table import section
+    page = (repo / "docs" / "spec.md").read_text()
+    assert section() in page, "run `python -m opkit.dsl.reference_table` and paste the table"
+
+
+def test_every_function_the_parser_knows_is_documented(repo):
+    from opkit.dsl.parse import _FUNCTIONS
+    page = (repo / "docs" / "spec.md").read_text()
+    for name in _FUNCTIONS:
+        assert f"`{name}(" in page or f"`{name}`" in page, name

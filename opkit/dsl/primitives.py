@@ -1,8 +1,11 @@
 """The closed set of primitives, each with everything the pipeline needs to know about it.
 
 One record per primitive, in the manner of JAX's lax: its argument kinds, its NumPy meaning (the
-reference), its derivative rule (reverse mode), its Cython expression and its TBE vector
-instruction with a cost. Adding a primitive is one entry here.
+reference), its derivative rule (reverse mode), its Cython expression, its TBE vector
+instruction with a cost, and the function name expressions call it by (the parser's table and
+docs/spec.md's function table are made from these records). Adding an elementwise primitive is
+one entry here, plus a cimport in templates/module.pyx.j2 if its Cython form calls a new libm
+function (docs/architecture.md, "Adding a primitive").
 
 Derivative rules take the output cotangent `g`, the node itself (for rules that reuse the output)
 and the argument nodes, and return one cotangent per argument: a node, `Masked(cond, node)` (the
