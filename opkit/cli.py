@@ -223,6 +223,15 @@ def _show(op, build: bool) -> str:
     s = op.spec
     out = [f"# {s.name}: {s.summary}", f"# declared in {s.file}", "", "## declaration", "",
            s.source.rstrip(), "", "## forward", "", op.graphs.forward.format()]
+    if len(op.variants) > 1:  # str attrs' choices, optional inputs given or not
+        out += ["", f"## variants ({len(op.variants)}, each with kernels of its own; the "
+                "first is shown above and below)", ""]
+        for v in op.variants:
+            graphs = op.graphs_of(v)
+            out += [f"variant {v.index}: {v.label()}"]
+            out += ["  forward: " + line for line in graphs.forward.format().splitlines()]
+            if graphs.differentiable:
+                out += ["  backward: " + line for line in graphs.backward.format().splitlines()]
     quantized = [a for a in s.attrs if a.quantize is not None]
     if quantized:
         from .quantize import fixed_point
@@ -239,7 +248,7 @@ def _show(op, build: bool) -> str:
         out += ["", f"## backward, {how}", "", op.graphs.backward.format()]
         if op.graphs.declared:
             out += ["", "derived for comparison:", op.graphs.derived.format()]
-    lowered = op.lowered()
+    lowered = op.lowered()  # (the kernel section shows the first variant's kernels)
     built = None
     try:
         built = op.build() if build else None
