@@ -152,6 +152,28 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
     for (; i < n; i++) dst[i] = opk_f2h(src[i]);
 }
 
+/* ---------------------------------------------------------------- bfloat16 */
+
+/* bfloat16 is the top half of a float: widening is a shift; narrowing rounds to nearest even
+ * on the dropped 16 bits, and keeps a NaN a (quiet) NaN */
+static inline float opk_bf2f(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t opk_f2bf(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x0040u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
 /* ---------------------------------------------------------------- tile loads and stores */
 
 #define OPK_GATHER(T, dst, src, stride, n, conv) do {                        \
@@ -167,6 +189,8 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
 #define OPK_TO_F(v) ((float)(v))
 #define OPK_TO_D(v) ((double)(v))
 #define OPK_H2D(v) ((double)opk_h2f(v))
+#define OPK_BF2D(v) ((double)opk_bf2f(v))
+#define OPK_D2BF(v) opk_f2bf((float)(v))
 #define OPK_D2H(v) opk_f2h((float)(v))
 
 /* dst[0..n) = operand elements src, src+stride, ... converted to float */
@@ -183,6 +207,7 @@ static inline void opk_load_f(float *dst, const char *src, Py_ssize_t stride, in
         if (stride == 2) opk_h2f_contig(dst, (const uint16_t *)src, n);
         else OPK_GATHER(uint16_t, dst, src, stride, n, opk_h2f);
         break;
+    case OPK_BF16: OPK_GATHER(uint16_t, dst, src, stride, n, opk_bf2f); break;
     case OPK_F32:
         if (stride == 4) memcpy(dst, src, (size_t)n * 4);
         else OPK_GATHER(float, dst, src, stride, n, OPK_ID);
@@ -202,6 +227,7 @@ static inline void opk_load_d(double *dst, const char *src, Py_ssize_t stride, i
     }
     switch (code) {
     case OPK_F16: OPK_GATHER(uint16_t, dst, src, stride, n, OPK_H2D); break;
+    case OPK_BF16: OPK_GATHER(uint16_t, dst, src, stride, n, OPK_BF2D); break;
     case OPK_F32: OPK_GATHER(float, dst, src, stride, n, OPK_TO_D); break;
     default:
         if (stride == 8) memcpy(dst, src, (size_t)n * 8);
@@ -216,6 +242,7 @@ static inline void opk_store_f(char *dst, Py_ssize_t stride, int code, const flo
         if (stride == 2) opk_f2h_contig((uint16_t *)dst, src, n);
         else OPK_SCATTER(uint16_t, dst, stride, src, n, opk_f2h);
         break;
+    case OPK_BF16: OPK_SCATTER(uint16_t, dst, stride, src, n, opk_f2bf); break;
     case OPK_F32:
         if (stride == 4) memcpy(dst, src, (size_t)n * 4);
         else OPK_SCATTER(float, dst, stride, src, n, OPK_ID);
@@ -229,6 +256,7 @@ static inline void opk_store_d(char *dst, Py_ssize_t stride, int code, const dou
 {
     switch (code) {
     case OPK_F16: OPK_SCATTER(uint16_t, dst, stride, src, n, OPK_D2H); break;
+    case OPK_BF16: OPK_SCATTER(uint16_t, dst, stride, src, n, OPK_D2BF); break;
     case OPK_F32: OPK_SCATTER(float, dst, stride, src, n, OPK_TO_F); break;
     default:
         if (stride == 8) memcpy(dst, src, (size_t)n * 8);

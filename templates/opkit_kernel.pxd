@@ -24,7 +24,7 @@ cdef extern from "opkit_kernel.h" nogil:
         int nin, nops, ccode
         Py_ssize_t tile_len
         int stream
-    int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_F16_HW
+    int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
     enum: OPK_MAXOPS
     int32_t opk_qmul_i(int32_t x, int32_t m, int bits)
     int64_t opk_qmul_l(int64_t x, int64_t m, int bits)

@@ -175,7 +175,8 @@ def test_integer_results_saturate(tmp_path):
 def test_integer_calls_have_no_gradient(lr):
     with pytest.raises(TypeError, match=r"integer calls have no gradient \(x is an integer array\)"):
         lr.backward(np.ones(4, np.float32), np.ones(4, np.int8))
-    with pytest.raises(TypeError, match=r"dy must be an array of float16, float32 or float64, got dtype int8"):
+    with pytest.raises(TypeError, match=r"dy must be an array of float16, float32, float64 or bfloat16, "
+                                        r"got dtype int8"):
         lr.backward(np.ones(4, np.int8), np.ones(4, np.int8))
 
 

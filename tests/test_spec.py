@@ -362,10 +362,10 @@ def test_gradient_name_clash_with_an_attr():
 # ------------------------------------------------------------------------------------ inputs
 
 def test_unknown_dtype():
-    text = decl((X_LINE, "  x: {dtypes: [float32, bfloat16]}"))
-    check(load_error(text), line_of(text, "bfloat16"),
-          "inputs.x.dtypes: 'bfloat16' is not one of: float16, float32, float64",
-          col=col_of(text, "bfloat16"))
+    text = decl((X_LINE, "  x: {dtypes: [float32, complex64]}"))
+    check(load_error(text), line_of(text, "complex64"),
+          "inputs.x.dtypes: 'complex64' is not one of: float16, float32, float64, bfloat16",
+          col=col_of(text, "complex64"))
 
 
 def test_unknown_layout():

@@ -47,7 +47,7 @@ class ComputeType:
 
 COMPUTE = {
     "float32": ComputeType("f", "float", "opk_fp", "opk_cfp", "OPK_F32", "f",
-                           "dcode == OPK_F32 or dcode == OPK_F16", 4),
+                           "dcode == OPK_F32 or dcode == OPK_F16 or dcode == OPK_BF16", 4),
     "float64": ComputeType("d", "double", "opk_dp", "opk_cdp", "OPK_F64", "", "dcode == OPK_F64", 8),
     "int32": ComputeType("i", "int32_t", "opk_ip", "opk_cip", "OPK_I32", "",
                          "dcode == OPK_I8 or dcode == OPK_I16", 4),
@@ -55,7 +55,11 @@ COMPUTE = {
 }
 # The dtype codes the kernels and the runtime share; the generated module defines them for
 # templates/opkit_kernel.h, so this table is the only place they are written.
-DTYPE_CODES = {"float16": 1, "float32": 2, "float64": 3, "int8": 4, "int16": 5, "int32": 6, "int64": 7}
+DTYPE_CODES = {"float16": 1, "float32": 2, "float64": 3, "int8": 4, "int16": 5, "int32": 6, "int64": 7,
+               "bfloat16": 8}
+# ... under these names in C
+CODE_NAMES = {"float16": "OPK_F16", "float32": "OPK_F32", "float64": "OPK_F64", "int8": "OPK_I8",
+              "int16": "OPK_I16", "int32": "OPK_I32", "int64": "OPK_I64", "bfloat16": "OPK_BF16"}
 TAG_CODES = {ct.tag: DTYPE_CODES[dt] for dt, ct in COMPUTE.items()}
 _DOUBLE = COMPUTE["float64"]
 _COMPARE_C = {"==": "==", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
@@ -403,7 +407,9 @@ def fast_context(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Opt
         "kernel_outputs": [outs.index(v.name) for v in k.outputs],
         "kernel_attrs": list(k.attrs),
         # NumPy's type number -> dtype code (NumPy's C ABI: its version is in the cache key)
-        "codes": [(np.dtype(dt).num, DTYPE_CODES[dt]) for dt in spec.dtypes],
+        # (bfloat16's type number is given out when ml_dtypes loads: those calls take the
+        # checked path)
+        "codes": [(np.dtype(dt).num, DTYPE_CODES[dt]) for dt in spec.dtypes if dt != "bfloat16"],
         "inplace": repr(inplace),
     }
 
@@ -451,4 +457,5 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     fast = fast_context(spec, lowered, kernels) if not others else None
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
-        fast=fast, codes=DTYPE_CODES, max_operands=MAX_OPERANDS)
+        fast=fast, codes={CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()},
+        max_operands=MAX_OPERANDS)

@@ -8,15 +8,17 @@ from ..dsl.primitives import PRIMITIVES, TBE_EXPANSIONS
 from .integer import fixed_point_factor
 from .plan import LOAD, Attr, Const, Kernel, Reg
 
-_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8}
-_TBE_TYPE = {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "s8", "int16": "s16",
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4,
+             "int64": 8}
+_TBE_TYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "int8": "s8", "int16": "s16",
              "int32": "s32", "int64": "s64"}
-_COMPUTE = {"float16": "float32", "int8": "int32", "int16": "int32", "int32": "int64"}
+_COMPUTE = {"float16": "float32", "bfloat16": "float32", "int8": "int32", "int16": "int32",
+            "int32": "int64"}
 
 
 def compute_dtype(dtype: str) -> str:
-    """float16 is computed in float32 and rounded once on store; int8 and int16 in int32,
-    int32 in int64, saturated on store."""
+    """float16 and bfloat16 are computed in float32 and rounded once on store; int8 and int16
+    in int32, int32 in int64, saturated on store."""
     return _COMPUTE.get(dtype, dtype)
 
 
@@ -128,7 +130,7 @@ def cost(kernel: Kernel, dtype: str, vector_bytes: int) -> Cost:
     computed from attrs alone runs once per call and is not counted."""
     once = set(kernel.prologue) if not dtype.startswith("int") else set()
     ops = sum(PRIMITIVES[i.op].cost for i in kernel.body if i.op != LOAD and i not in once)
-    if dtype == "float16":
+    if dtype in ("float16", "bfloat16"):
         ops += len(kernel.operands)  # one conversion per load and store
     lanes = max(vector_bytes // _ITEMSIZE[compute_dtype(dtype)], 1)
     return Cost(ops, _ITEMSIZE[dtype] * len(kernel.operands), lanes)

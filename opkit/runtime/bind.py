@@ -17,7 +17,14 @@ from ..dsl import named
 from ..spec.model import DTYPES, FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
-_NAMES = {np.dtype(d): d for d in DTYPES}
+def _known(name: str):
+    try:
+        return np.dtype(name)
+    except TypeError:  # bfloat16 without ml_dtypes
+        return None
+
+
+_NAMES = {_known(d): d for d in DTYPES if _known(d) is not None}
 
 
 def dtype_name(dtype: np.dtype) -> str:
@@ -88,7 +95,7 @@ def finfo_values(dtype: np.dtype) -> Dict[str, float]:
     found = _FINFO.get(dtype)
     if found is None:
         found = {}
-        if dtype.kind == "f":
+        if dtype_name(dtype) in FLOAT_DTYPES:
             info = np.finfo(dtype)
             found = {f"finfo.{w}": float(getattr(info, w)) for w in ("max", "min", "eps", "tiny")}
         _FINFO[dtype] = found

@@ -9,7 +9,8 @@ from typing import Optional, Tuple, Union
 
 from ..errors import Loc
 
-FLOAT_DTYPES = ("float16", "float32", "float64")
+# bfloat16 arrays need ml_dtypes (the NumPy dtype package of JAX and TensorFlow)
+FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 INT_DTYPES = ("int8", "int16", "int32")
 DTYPES = FLOAT_DTYPES + INT_DTYPES
 LAYOUTS = ("ND", "NCHW", "NHWC")

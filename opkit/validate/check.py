@@ -53,6 +53,10 @@ def _validate_variant(op, variant, report: Report, dtypes, seed: int, tag: str) 
     if not elementwise and not report.notes:
         report.notes.append("no ULP distances: the forward pass has library steps (fft, matmul, "
                             "sums) whose round-off scales with the whole signal")
+    if "bfloat16" in wanted and not bfloat16_available():
+        wanted = [d for d in wanted if d != "bfloat16"]
+        if not any("bfloat16" in n for n in report.notes):
+            report.notes.append("bfloat16 not validated: the ml_dtypes package is not installed")
     for dtype in [d for d in wanted if d in FLOAT_DTYPES]:
         fwd, bwd = Comparison(), Comparison()
         nb = 0
@@ -96,6 +100,15 @@ def _validate_variant(op, variant, report: Report, dtypes, seed: int, tag: str) 
         check = gradcheck(op, cases, attrs, rng, report.notes, graphs)
         check.what += tag
         report.checks.append(check)
+
+
+def bfloat16_available() -> bool:
+    """NumPy knows bfloat16 once ml_dtypes is imported (an optional package)."""
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _int_values(rng, shape, dtype: str, exhaustive: bool) -> np.ndarray:

@@ -19,10 +19,12 @@ from ..spec.model import OpSpec
 from .reference import evaluate
 
 
-TOLERANCE = {"float16": (1e-3, 1e-3), "float32": (1e-4, 1e-4), "float64": (1e-10, 1e-10)}
+# bfloat16 keeps 8 bits of mantissa: its standard is two of its units, 2 * 2**-8
+TOLERANCE = {"float16": (1e-3, 1e-3), "float32": (1e-4, 1e-4), "float64": (1e-10, 1e-10),
+             "bfloat16": (8e-3, 8e-3)}
 
 
-_SINT = {"float16": np.int16, "float32": np.int32, "float64": np.int64}
+_SINT = {"float16": np.int16, "float32": np.int32, "float64": np.int64, "bfloat16": np.int16}
 
 
 def ulp_distance(actual: np.ndarray, expected: np.ndarray, dtype: str) -> int:
