@@ -19,15 +19,14 @@ class Kind(enum.Enum):
     TEMP = "temp"       # an array between two steps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Value:
-    """An array that a step reads or writes."""
+    """An array that a step reads or writes. There is one object per value (make them with
+    Value.input, .output and .temp): equality is identity, and the runtime, which keys its
+    arrays by Value on every call, hashes them at C speed."""
 
     kind: Kind
     name: str           # the input's or output's name (dx for a gradient), the temp's number
-
-    def __hash__(self) -> int:  # the runtime keys its arrays by Value on every call: keep it cheap
-        return hash(self.name)
 
     def __str__(self) -> str:  # how people see it: x, dy, dx, tmp0
         return f"tmp{self.name}" if self.kind is Kind.TEMP else self.name
