@@ -139,7 +139,7 @@ class Executor:
         return geom
 
     def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like, clip=None) -> None:
-        ctx = Context(bound.values)
+        ctx = Context(bound.values, sizes=bound.sizes)
         compute = np.dtype(compute_dtype(dtype_name(bound.dtype)))
         args = []
         for a in step.args:
