@@ -12,7 +12,7 @@ import ctypes
 import functools
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -41,31 +41,37 @@ def blas() -> Optional[Blas]:
     return _scipy()
 
 
-_LOCAL = (b"openblas_set_num_threads_local", b"scipy_openblas_set_num_threads_local")
+_SET = ("scipy_openblas_set_num_threads", "openblas_set_num_threads")
+_GET = ("scipy_openblas_get_num_threads", "openblas_get_num_threads")
 
 
 @functools.lru_cache(maxsize=None)
-def thread_setter() -> int:
-    """The address of OpenBLAS's per-thread `openblas_set_num_threads_local(n)` in the library
-    SciPy loaded (0 when there is none): each of opkit's threads runs its own GEMMs on one
-    thread, instead of every call waking BLAS's own pool (whose spinning threads would compete
-    with opkit's for the same cores)."""
+def thread_controls() -> Tuple[int, int]:
+    """The addresses of `openblas_set_num_threads(n)` and `openblas_get_num_threads()` of the
+    library SciPy's BLAS is (0, 0 when not found). A fused call sets the library to one thread
+    for its duration and splits its blocks over opkit's own threads: each GEMM runs on the
+    thread that calls it, and no BLAS worker spins on a core opkit's threads need. Without
+    them the blocks run on one thread (a GEMM called from several threads at once would wake
+    BLAS's pool from each)."""
     if blas() is None:
-        return 0
+        return 0, 0
     try:
         with open("/proc/self/maps") as fh:  # the libraries this process has loaded
             fields = [line.split() for line in fh]
-        paths = sorted({f[-1] for f in fields if len(f) >= 6 and "openblas" in f[-1].lower()
-                        and ".so" in f[-1]})
     except OSError:
-        return 0
+        return 0, 0
+    paths = sorted({f[-1] for f in fields if len(f) >= 6 and "openblas" in f[-1].lower()
+                    and ".so" in f[-1]})
     for path in paths:
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for name in _LOCAL:
-            fn = getattr(lib, name.decode(), None)
-            if fn is not None:
-                return ctypes.cast(fn, ctypes.c_void_p).value or 0
-    return 0
+        # the 32-bit-integer BLAS SciPy calls, not NumPy's 64-bit one (its names end in 64_)
+        if not any(hasattr(lib, f) for f in ("scipy_sgemm_", "sgemm_")):
+            continue
+        found = [next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
+                 for names in (_SET, _GET)]
+        if all(found):
+            return tuple(ctypes.cast(f, ctypes.c_void_p).value or 0 for f in found)
+    return 0, 0

@@ -7,8 +7,8 @@
  * float16 converted on the way, so the unfolded matrix never exists whole), multiplies it with
  * the packed weights in one single-threaded GEMM, then runs the epilogue kernel over the block
  * (bias, normalization, activation ...) and sums the per-channel statistics, so the raw result
- * never goes to memory. The BLAS library's own threads are held at one per calling thread:
- * opkit's OpenMP threads split the blocks, nothing else spins on the cores.
+ * never goes to memory. The BLAS library's thread count is 1 for the duration of the call:
+ * opkit's OpenMP threads split the blocks, and BLAS's own pool stays asleep.
  *
  * Per-channel sums are kept per block and added in block order at the end, so results do not
  * depend on the number of threads.
@@ -25,7 +25,8 @@ typedef void (*opk_sgemm_fn)(char *ta, char *tb, int *m, int *n, int *k, float *
 typedef void (*opk_dgemm_fn)(char *ta, char *tb, int *m, int *n, int *k, double *alpha,
                              double *a, int *lda, double *b, int *ldb, double *beta, double *c,
                              int *ldc);
-typedef int (*opk_blas_threads_fn)(int);
+typedef void (*opk_blas_set_fn)(int);
+typedef int (*opk_blas_get_fn)(void);
 
 #define OPK_MAXSTAT 8
 /* unfolded bytes a block aims at: the block's matrix and result stay in the core's L2 */
@@ -52,7 +53,8 @@ typedef struct {
     int xcode;
     const char *wpack;
     void *gemm;
-    opk_blas_threads_fn blas_threads;   /* per-thread BLAS thread count, or NULL */
+    opk_blas_set_fn blas_set;           /* the BLAS library's thread count, or NULL */
+    opk_blas_get_fn blas_get;
     /* the epilogue: kernel `epi` over operands `ops` (inputs, then outputs), `slot` the input
      * that reads the block; without one (NULL) the raw result is stored to ops[1], ops[0] and
      * slot 0 standing for the block */
@@ -260,7 +262,6 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
                        cv->ccode, 1024, 0};
     const opk_kernel *epi = cv->epi != NULL ? cv->epi : &copy;
     /* this thread's GEMMs run on this thread alone (restored after: it may be the caller's) */
-    const int blas_before = cv->blas_threads != NULL && !failed ? cv->blas_threads(1) : -1;
     for (Py_ssize_t b = b0; b < b1 && !failed; b++) {
         const Py_ssize_t n = b / per_image, oh0 = (b % per_image) * cv->rows;
         const Py_ssize_t rows = cv->OH - oh0 < cv->rows ? cv->OH - oh0 : cv->rows, P = rows * cv->OW;
@@ -278,7 +279,6 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
         failed |= opk_conv_walk(cv, epi, cv->nops, cv->nops - epi->nin, cv->ops, cv->slot, res,
                                 n, oh0, rows) != 0;
     }
-    if (blas_before > 0) cv->blas_threads(blas_before);
     PyMem_RawFree(cols);
     PyMem_RawFree(res);
     if (tmp) PyMem_RawFree(tmp);
@@ -296,6 +296,9 @@ static int opk_conv_run(opk_conv *cv)
     if (nb == 0) return 0;
     cv->partials = per ? (double *)PyMem_RawMalloc((size_t)(nb * per) * sizeof(double)) : NULL;
     if (per && cv->partials == NULL) return -1;
+    /* every GEMM runs on the thread that calls it: BLAS's own pool stays asleep for the call */
+    const int blas_before = cv->blas_set != NULL && cv->blas_get != NULL ? cv->blas_get() : 0;
+    if (blas_before > 1) cv->blas_set(1);
     if (nt <= 1) {
         failed = opk_conv_part(cv, 0, nb);
     } else {
@@ -303,6 +306,7 @@ static int opk_conv_run(opk_conv *cv)
         for (int t = 0; t < nt; t++)
             failed |= opk_conv_part(cv, nb * t / nt, nb * (t + 1) / nt);
     }
+    if (blas_before > 1) cv->blas_set(blas_before);
     for (Py_ssize_t b = 0; b < nb && !failed; b++)   /* in block order, whatever the threads */
         for (Py_ssize_t i = 0; i < per; i++) cv->sums[i] += cv->partials[b * per + i];
     if (cv->partials) PyMem_RawFree(cv->partials);

@@ -10,7 +10,7 @@ import numpy as np
 from ..codegen import DTYPE_CODES, TAG_CODES, instance_tag
 from ..config import get as setting
 from ..dsl import named
-from ..backend import thread_setter
+from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
 from ..lower.epilogue import physical
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
@@ -218,11 +218,11 @@ class Executor:
             clips = tuple((-st.clip, st.clip) if v.kind is Kind.OUTPUT else (-np.inf, np.inf)
                           for v in k.outputs)
         sums = np.zeros((len(step.stats), dims[4]), np.float64)
-        setter = thread_setter()
-        # GEMMs of several threads at once need BLAS held to one thread each (thread_setter)
-        nthreads = setting("num_threads") if setter and dims[0] * dims[7] * dims[8] >= 64 else 1
+        controls = thread_controls()
+        # GEMMs of several threads at once need BLAS held to one thread (thread_controls)
+        nthreads = setting("num_threads") if all(controls) and dims[0] * dims[7] * dims[8] >= 64 else 1
         fn(dims, x, xs, xcode, wpack, tuple(arrays), tuple(strides), tuple(codes), slot, sums,
-           eattrs, sattrs, nthreads, setter, clips)
+           eattrs, sattrs, nthreads, controls, clips)
         count = dims[0] * dims[7] * dims[8]
         for s, total in zip(step.stats, sums):
             with np.errstate(invalid="ignore", divide="ignore"):  # an empty mean is NaN
