@@ -147,7 +147,9 @@ def _run_mean(ctx: Context, args, params):
     keep = params[0]
     axes = tuple(i for i, n in enumerate(names) if n not in keep)
     # a dim the array lacks (or holds once, broadcast) is constant along it: its mean is itself
-    if axes:
+    if axes and any(arr.shape[i] == 0 for i in axes):  # the mean of nothing is NaN
+        arr = np.full([s for i, s in enumerate(arr.shape) if i not in axes], np.nan, arr.dtype)
+    elif axes:
         arr = arr.mean(axis=axes, dtype=ctx.accumulate or arr.dtype)
     return arr, tuple(n for n in names if n in keep)
 

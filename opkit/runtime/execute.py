@@ -91,6 +91,7 @@ class _State:
     skipped: set
     tag: str
     temp_dtype: np.dtype
+    final: Dict[Value, Array]          # outputs later steps read in the compute type instead
 
 
 class Executor:
@@ -113,6 +114,8 @@ class Executor:
                 src = step.args[0]
                 if src.kind is Kind.TEMP and self.readers.get(src) == [i]:
                     self.direct[src] = step
+        # outputs that steps after the one writing them read (a batch mean the normalization uses)
+        self.reread = {v for v, readers in self.readers.items() if v.kind is Kind.OUTPUT}
 
     def run(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
             out_dtypes: Dict[Value, np.dtype], like: Dict[Value, Array],
@@ -127,7 +130,8 @@ class Executor:
         tag, temp_dtype = _instance(bound.dtype)
         for vid, arr in out_arrays.items():
             env[vid] = (arr, like[vid][1])
-        state = _State(env, bound, module, out_arrays, out_dtypes, like, clip, skipped, tag, temp_dtype)
+        state = _State(env, bound, module, out_arrays, out_dtypes, like, clip, skipped, tag,
+                       temp_dtype, {})
         for step in self.plan.steps:
             if isinstance(step, Fused):
                 if not self._fused(step, state):
@@ -135,6 +139,7 @@ class Executor:
                         self._step(part, state)
                 continue
             self._step(step, state)
+        env.update(state.final)
         for out_name, vid in self.plan.outputs:
             results[out_name] = env[vid][0]
         return results
@@ -146,7 +151,7 @@ class Executor:
         if isinstance(step, LibCall):
             if step.name in skipped:
                 return
-            self._library(step, env, bound, out_dtypes, like, clip)
+            self._library(step, env, bound, out_dtypes, like, clip, st.final)
             return
         ins = [env[v] for v in step.inputs]
         for vid in step.outputs:
@@ -240,6 +245,7 @@ class Executor:
         dst, names = st.env[value]
         with np.errstate(over="ignore"):
             np.copyto(dst, named.expand_to(arr[0], arr[1], names), casting="unsafe")
+        self._keep_precise(value, arr, st.env, st.temp_dtype, st.final)
 
     @staticmethod
     def _allocate(like: Array, dtype) -> Array:
@@ -286,7 +292,8 @@ class Executor:
         geom.flags.writeable = False
         return geom
 
-    def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like, clip=None) -> None:
+    def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like, clip=None,
+                 final=None) -> None:
         ctx = Context(bound.values, sizes=bound.sizes)
         compute = np.dtype(compute_dtype(dtype_name(bound.dtype)))
         args = []
@@ -311,5 +318,16 @@ class Executor:
                 np.copyto(dst, named.expand_to(arr, nm, dst_names), casting="unsafe")
             if clip is not None and self.plan.kind == "backward":
                 np.clip(dst, -clip, clip, out=dst)
+            self._keep_precise(step.result, (arr, nm), env, compute, final)
         else:
             env[step.result] = (arr, nm)
+
+    def _keep_precise(self, value: Value, computed: Array, env, compute: np.dtype, final) -> None:
+        """An output that later steps read (a batch mean) is read by them in the compute type,
+        not rounded to a float16 output first: the output array is put back at the end."""
+        if final is None or value not in self.reread or env[value][0].dtype.itemsize >= compute.itemsize:
+            return
+        final[value] = env[value]
+        arr, nm = computed
+        env[value] = (named.expand_to(np.asarray(arr, dtype=compute), nm, final[value][1]),
+                      final[value][1])

@@ -19,7 +19,9 @@ def gradcheck(op, cases: List[Case], attrs, rng, notes: List[str], h: float = 1e
     ordinary points (no zeros, infinities or NaN) where the forward result is finite."""
     spec, graphs = op.spec, op.graphs
     worst, count, where = 0.0, 0, ""
+    base_attrs = attrs
     for case in cases:
+        attrs = {**base_attrs, **case.attrs}
         contiguous = not any(case.views.values())
         if not contiguous or min((v.size for v in case.arrays.values()), default=0) == 0:
             continue
