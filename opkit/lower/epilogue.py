@@ -158,13 +158,16 @@ def _fuse_call(a: _Analysis, i: int, call: LibCall):
     result = call.result
     readers = a.readers.get(result, [])
     kernels = [j for j in readers if isinstance(a.steps[j], Kernel)]
+    channel = channel_dim(call)
     if result.kind is Kind.OUTPUT:
         for j in kernels:
             consumer, loc = _consumer(a.steps[j], result)
             a.note(call, consumer, loc, False, f"the {producer_name(call)} result is needed "
                    f"elsewhere: it is the output {result} as well")
-        return None
-    channel = channel_dim(call)
+        if channel is None:
+            return None
+        # the call alone, stored straight into its output block by block
+        return Fused(call.name, call, None, (), channel, tuple(a.spec.layouts)), [i]
     if channel is None:
         for j in kernels:
             consumer, loc = _consumer(a.steps[j], result)

@@ -201,8 +201,10 @@ class Executor:
                               else (np.empty(shape, st.temp_dtype), phys))
             ops += k.outputs
             slot = k.inputs.index(result)
-        else:  # the raw result, kept for the steps after the statistics
-            env[result] = (np.empty(shape, st.temp_dtype), phys)
+        else:  # the raw result: an output, or kept for the steps after the statistics
+            if result not in env:
+                env[result] = (self._allocate(st.like[result], st.out_dtypes[result])
+                               if result.kind is Kind.OUTPUT else (np.empty(shape, st.temp_dtype), phys))
             ops, slot = [result, result], 0
         arrays, strides, codes = [], [], []
         for i, v in enumerate(ops):
