@@ -370,6 +370,14 @@ def _windows(x: np.ndarray, kh: int, kw: int, stride: int, padding: int, oh: int
     return win[:, :, ::stride, ::stride][:, :, :oh, :ow]
 
 
+def _im2col(image: np.ndarray, kh: int, kw: int, stride: int, padding: int, oh: int, ow: int,
+            dtype) -> np.ndarray:
+    """One image's (C, H, W) receptive fields as a (C * KH * KW, OH * OW) matrix."""
+    c = image.shape[0]
+    cols = _windows(image[None], kh, kw, stride, padding, oh, ow)[0]    # C, OH, OW, KH, KW
+    return cols.transpose(0, 3, 4, 1, 2).reshape(c * kh * kw, oh * ow).astype(dtype, copy=False)
+
+
 def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dtype=None) -> np.ndarray:
     """y[n, o, i, j] = sum over c, p, q of x[n, c, i*s - pad + p, j*s - pad + q] * w[o, c, p, q],
     x (N, C, H, W) and w (O, C, KH, KW): NumPy, one image at a time (im2col and a product)."""
@@ -380,9 +388,7 @@ def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dtype=No
     out = np.empty((n, o, oh, ow), dtype=dtype)
     wmat = w.reshape(o, -1).astype(dtype, copy=False)
     for i in range(n):
-        cols = _windows(x[i:i + 1], kh, kw, stride, padding, oh, ow)[0]    # C, OH, OW, KH, KW
-        cols = cols.transpose(0, 3, 4, 1, 2).reshape(c * kh * kw, oh * ow).astype(dtype, copy=False)
-        out[i] = (wmat @ cols).reshape(o, oh, ow)
+        out[i] = (wmat @ _im2col(x[i], kh, kw, stride, padding, oh, ow, dtype)).reshape(o, oh, ow)
     return out
 
 
@@ -405,18 +411,16 @@ def conv2d_dx_ref(g: np.ndarray, w: np.ndarray, stride: int, padding: int, h: in
 
 def conv2d_dw_ref(x: np.ndarray, g: np.ndarray, stride: int, padding: int, kh: int, kw: int,
                   dtype=None) -> np.ndarray:
-    """The gradient with respect to w of conv2d: the correlation of x with g, (O, C, KH, KW)."""
+    """The gradient with respect to w of conv2d: the correlation of x with g, (O, C, KH, KW),
+    summed image by image (g's rows times the image's receptive fields)."""
     n, c, h, wd = x.shape
     _, o, oh, ow = g.shape
     dtype = np.result_type(x, g) if dtype is None else dtype
-    win = _windows(x, kh, kw, stride, padding, oh, ow)                 # N, C, OH, OW, KH, KW
-    gm = g.astype(dtype, copy=False)
-    out = np.empty((o, c, kh, kw), dtype=dtype)
-    for p in range(kh):
-        for q in range(kw):
-            out[:, :, p, q] = np.tensordot(gm, win[..., p, q].astype(dtype, copy=False),
-                                           axes=([0, 2, 3], [0, 2, 3]))
-    return out
+    out = np.zeros((o, c * kh * kw), dtype=dtype)
+    for i in range(n):
+        cols = _im2col(x[i], kh, kw, stride, padding, oh, ow, dtype)
+        out += g[i].reshape(o, oh * ow).astype(dtype, copy=False) @ cols.T
+    return out.reshape(o, c, kh, kw)
 
 
 def _logical(value: Value, dims: Tuple[str, ...]) -> np.ndarray:
