@@ -79,6 +79,10 @@ static inline Py_ssize_t opk_conv_plan(opk_conv *cv)
 {
     const Py_ssize_t cs = OPK_CSIZE(cv->ccode);
     Py_ssize_t per_row = opk_conv_k(cv) * cv->OW * cs;
+    if (cv->N <= 0 || cv->OH <= 0 || cv->OW <= 0 || cv->O <= 0 || opk_conv_k(cv) <= 0) {
+        cv->rows = 1;
+        return 0;  /* the caller does not send empty problems; nothing to do if it does */
+    }
     Py_ssize_t rows = per_row > 0 ? OPK_CONV_BLOCK_BYTES / per_row : cv->OH;
     if (rows < 1) rows = 1;
     if (rows > cv->OH) rows = cv->OH;

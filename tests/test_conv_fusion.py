@@ -287,3 +287,21 @@ def test_bundled_conv_operators_fuse_completely():
         op = opkit.get(name)
         assert all(n.fused for n in op.lowered().forward.fusion), name
         assert op.fusion_notes() == ()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_bench_cases_time_the_same_computation(layout):
+    """What `opkit bench` compares computes one result: fused, unfused chain and PyTorch."""
+    from opkit.bench_conv import conv_bn_case, conv_bn_train_case
+    fns, _ = conv_bn_case((2, 8, 6, 5), 3, layout, np.random.default_rng(0))
+    fused = fns["opkit"]()
+    np.testing.assert_allclose(fused, fns["opkit unfused"](), rtol=1e-4, atol=1e-5)
+    if "torch" in fns:
+        want = fns["torch"]().numpy() if layout == "NCHW" else fns["torch"]().permute(0, 2, 3, 1).numpy()
+        np.testing.assert_allclose(fused, want, rtol=1e-4, atol=1e-4)
+        fns, _ = conv_bn_train_case((2, 8, 6, 5), 3, layout, np.random.default_rng(0))
+        ours, theirs = fns["opkit"](), fns["torch"]()
+        dx = theirs[0].numpy() if layout == "NCHW" else theirs[0].permute(0, 2, 3, 1).numpy()
+        np.testing.assert_allclose(ours[0], dx, rtol=1e-3, atol=1e-4)
+        for a, b in zip(ours[1:], theirs[1:]):
+            np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=1e-3)

@@ -58,8 +58,8 @@ def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.d
         dims = (1, k, m, 1, cn, 1, 1, m, 1, 1, 0, 1)
         pack, phys, axes = b, out_dims, (None, out_dims[1], out_dims[0], None)
     code = DTYPE_CODES.get(dtype_name(x.dtype))
-    if code is None or min(dims) < 0:
-        return None
+    if code is None or 0 in (dims[0], dims[1], dims[4], dims[7], dims[8]):
+        return None  # nothing to multiply: the parts (NumPy) give the empty or zero result
     return (dims, x, xs, code, np.ascontiguousarray(pack, dtype=compute), axes, phys)
 
 
