@@ -305,3 +305,12 @@ def test_bench_cases_time_the_same_computation(layout):
         np.testing.assert_allclose(ours[0], dx, rtol=1e-3, atol=1e-4)
         for a, b in zip(ours[1:], theirs[1:]):
             np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_without_a_blas_backend_the_module_has_no_fused_calls(monkeypatch):
+    """OPKIT_BLAS=none (or no SciPy): nothing cimports SciPy, and the build warns."""
+    op = opkit.get("conv2d_bias_leaky_relu")
+    assert "cython_blas" in op.source()
+    monkeypatch.setenv("OPKIT_BLAS", "none")
+    assert "cython_blas" not in op.source() and "def fwdlib0_f" not in op.source()
+    assert any("no BLAS backend" in n for n in op.fusion_notes())
