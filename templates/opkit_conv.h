@@ -169,8 +169,8 @@ static void opk_conv_gemm(const opk_conv *cv, const char *cols, char *res, Py_ss
 /* A kernel over the block [rows][OW][O] (NHWC) or [O][rows][OW] (NCHW): a geometry of three
  * dims, neighbours merged where every operand runs on contiguously, walked by opk_walk. */
 static int opk_conv_walk(const opk_conv *cv, const opk_kernel *k, int nops, int nout,
-                         const opk_operand *ops, int slot, char *block, Py_ssize_t n,
-                         Py_ssize_t oh0, Py_ssize_t rows)
+                         const opk_operand *ops, int slot, char *block, char *const *spread,
+                         Py_ssize_t n, Py_ssize_t oh0, Py_ssize_t rows)
 {
     const Py_ssize_t cs = OPK_CSIZE(cv->ccode), P = rows * cv->OW;
     /* dims outer to inner, as logical indexes into s[]: 0 N, 1 O, 2 OH, 3 OW */
@@ -181,12 +181,12 @@ static int opk_conv_walk(const opk_conv *cv, const opk_kernel *k, int nops, int 
     Py_ssize_t st[OPK_MAXOPS][4];
     char *base[OPK_MAXOPS];
     for (int o = 0; o < nops; o++) {
-        if (o == slot) {  /* the block: NHWC [P][O], NCHW [O][P] */
+        if (o == slot || spread[o] != NULL) {  /* laid out as the block: NHWC [P][O], NCHW [O][P] */
             st[o][0] = 0;
             st[o][1] = cv->nhwc ? cs : P * cs;
             st[o][3] = cv->nhwc ? cv->O * cs : cs;
             st[o][2] = st[o][3] * cv->OW;
-            base[o] = block;
+            base[o] = o == slot ? block : spread[o];
         } else {
             for (int d = 0; d < 4; d++) st[o][d] = ops[o].s[d];
             base[o] = ops[o].base + n * ops[o].s[0] + oh0 * ops[o].s[2];
@@ -218,7 +218,7 @@ static int opk_conv_walk(const opk_conv *cv, const opk_kernel *k, int nops, int 
     }
     for (int o = 0; o < nops; o++) {
         for (int i = 0; i < nd; i++) g[OPK_G_SHAPE + nd + o * nd + i] = strides[o][nd - 1 - i];
-        g[OPK_G_SHAPE + nd + nops * nd + o] = o == slot ? cv->ccode : ops[o].code;
+        g[OPK_G_SHAPE + nd + nops * nd + o] = o == slot || spread[o] != NULL ? cv->ccode : ops[o].code;
     }
     return opk_walk(0, total, g, base, k);
 }
@@ -252,6 +252,28 @@ static void opk_conv_copy_d(Py_ssize_t n, char *const *p, const void *ctx)
     memcpy(p[1], p[0], (size_t)n * 8);
 }
 
+/* NHWC: a per-channel input (a bias, a scale) repeated over a block's pixels once per thread, in
+ * the compute type, so every operand of the epilogue runs on contiguously through the whole
+ * block and the kernel sees one long run instead of one call per pixel. NULL where not needed
+ * (NCHW takes per-channel values as one scalar per row); -1 when memory cannot be had. */
+static int opk_conv_spread(const opk_conv *cv, const opk_kernel *epi, Py_ssize_t Pmax,
+                           char **spread)
+{
+    const Py_ssize_t cs = OPK_CSIZE(cv->ccode), O = cv->O;
+    for (int o = 0; o < OPK_MAXOPS; o++) spread[o] = NULL;
+    if (!cv->nhwc || cv->epi == NULL) return 0;
+    for (int o = 0; o < epi->nin; o++) {
+        const opk_operand *op = cv->ops + o;
+        if (o == cv->slot || op->s[0] || op->s[2] || op->s[3] || !op->s[1]) continue;
+        spread[o] = (char *)PyMem_RawMalloc((size_t)(Pmax * O * cs) + 64);
+        if (spread[o] == NULL) return -1;
+        opk_load_c(cv->ccode, spread[o], op->base, op->s[1], op->code, O);
+        for (Py_ssize_t p = 1; p < Pmax; p++)
+            memcpy(spread[o] + p * O * cs, spread[o], (size_t)(O * cs));
+    }
+    return 0;
+}
+
 /* One thread's blocks [b0, b1): -1 when its buffers cannot be had. */
 static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
 {
@@ -265,7 +287,8 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
     opk_kernel copy = {cv->ccode == OPK_F64 ? opk_conv_copy_d : opk_conv_copy_f, NULL, 0, NULL, 1, 2,
                        cv->ccode, 1024, 0};
     const opk_kernel *epi = cv->epi != NULL ? cv->epi : &copy;
-    /* this thread's GEMMs run on this thread alone (restored after: it may be the caller's) */
+    char *spread[OPK_MAXOPS];
+    failed |= opk_conv_spread(cv, epi, Pmax, spread) != 0;
     for (Py_ssize_t b = b0; b < b1 && !failed; b++) {
         const Py_ssize_t n = b / per_image, oh0 = (b % per_image) * cv->rows;
         const Py_ssize_t rows = cv->OH - oh0 < cv->rows ? cv->OH - oh0 : cv->rows, P = rows * cv->OW;
@@ -281,8 +304,10 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
             opk_conv_sums(cv, v, P, cv->partials + (b * cv->nstat + i) * cv->O);
         }
         failed |= opk_conv_walk(cv, epi, cv->nops, cv->nops - epi->nin, cv->ops, cv->slot, res,
-                                n, oh0, rows) != 0;
+                                spread, n, oh0, rows) != 0;
     }
+    for (int o = 0; o < OPK_MAXOPS; o++)
+        if (spread[o] != NULL) PyMem_RawFree(spread[o]);
     PyMem_RawFree(cols);
     PyMem_RawFree(res);
     if (tmp) PyMem_RawFree(tmp);
