@@ -272,7 +272,7 @@ def _show(op, build: bool) -> str:
                 continue
             k = step
             out += ["", f"kernel {k.name} ({plan.kind}): reads {', '.join(map(str, k.inputs)) or '-'}; "
-                    f"writes {', '.join(map(str, k.outputs))}"]
+                    f"writes {k.describe_writes()}"]
             out.append(f"  schedule: tile {sch.tile}, one thread below {sch.parallel_threshold} elements, "
                        f"{target.vector_bytes}-byte vectors ({target.isa})")
             for ct in COMPUTE.values():

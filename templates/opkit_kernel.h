@@ -32,7 +32,7 @@ typedef const int64_t *__restrict opk_clp;
 
 /* The storage dtype codes (OPK_F16 ...) and OPK_MAXOPS come from opkit itself: the generated
  * module defines them (opkit/codegen/render.py: DTYPE_CODES, MAX_OPERANDS) before this header. */
-#if !defined(OPK_F16) || !defined(OPK_MAXOPS)
+#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK)
 #error "opkit_kernel.h is included by opkit's generated modules, which define the dtype codes"
 #endif
 
@@ -150,6 +150,35 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
         _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
 #endif
     for (; i < n; i++) dst[i] = opk_f2h(src[i]);
+}
+
+/* A float16 kernel converts blocks of OPK_HBLOCK elements around its element loop, which the
+ * compiler vectorizes as it does the float one: the block stays in registers and L1, and no
+ * float tile makes a round trip through memory per pass. (A block of one vector gets unrolled
+ * whole, and gcc then leaves a loop with branches scalar.) */
+#define OPK_HBLOCK 64
+
+/* d[0 .. OPK_HBLOCK) = s[0 .. w) as floats, then zeros */
+static inline void opk_h2f_block(float *d, const uint16_t *s, Py_ssize_t w)
+{
+    Py_ssize_t i = 0;
+#if OPK_F16_HW
+    for (; i + 8 <= w; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+    for (; i < w; i++) d[i] = opk_h2f(s[i]);
+    for (; i < OPK_HBLOCK; i++) d[i] = 0.0f;
+}
+
+/* d[0 .. w) = s[0 .. w) rounded to float16 */
+static inline void opk_f2h_block(uint16_t *d, const float *s, Py_ssize_t w)
+{
+    Py_ssize_t i = 0;
+#if OPK_F16_HW
+    for (; i + 8 <= w; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < w; i++) d[i] = opk_f2h(s[i]);
 }
 
 /* ---------------------------------------------------------------- bfloat16 */
@@ -507,6 +536,8 @@ static inline void opk_store_c(int ccode, char *dst, Py_ssize_t stride, int code
 /* OPK_MAXOPS (operands per kernel) and the dtype codes are defined by the generated module,
  * from opkit's own constants (opkit/codegen/render.py), before it includes this header. */
 #define OPK_MAXDIM 64     /* NumPy's own limit on dims */
+/* operands of a walk: a kernel's inputs and outputs, then the partial sums it accumulates */
+#define OPK_MAXARR (OPK_MAXOPS + OPK_MAXACC)
 /* a transposing block: OPK_BLOCK_O elements along the outputs' contiguous dim (one 64-byte line
  * of float32) by OPK_BLOCK_I along the inputs' (long sequential reads, few streams) */
 #ifndef OPK_BLOCK_O
@@ -538,6 +569,12 @@ typedef struct {
     int ccode;                 /* the compute type's code */
     Py_ssize_t tile_len;       /* elements per tile where operands are converted or gathered */
     int stream;                /* the outputs are memory the caller gave: stream long runs */
+    int nacc;                  /* sums folded into the pass: operands nops .. nops + nacc */
+    int acc_src[OPK_MAXACC];   /* the output (operand index) each sum adds up */
+    Py_ssize_t acc_slot;       /* bytes between two chunks' partial sums */
+    opk_tile_fn htile;         /* NULL, or the element loop on float16 operands (stored as they
+                                * are; converted in registers): contiguous, or inputs of step 0 */
+    opk_tile_fn htile_f;       /* the same with float outputs (for the sums folded in) */
 } opk_kernel;
 
 /* geometry, built by opkit/runtime/geometry.py as an intp array:
@@ -570,17 +607,128 @@ static inline void opk_stream_c(int ccode, char *dst, const char *src, Py_ssize_
     else opk_stream_f((float *)dst, (const float *)src, n);
 }
 
+/* Sums folded into a kernel's pass: a tile's results (compute type, contiguous), elements
+ * pos .. pos + n of the walk, added into float64 partial sums `step` bytes apart. With step 0
+ * the run adds into one sum, held as eight lanes (64 bytes): element i goes to lane i % 8, so
+ * the lanes vectorize and each lane adds its elements in the walk's order, however the walk is
+ * cut into runs (by threads, rows or strides); opkit adds the lanes pairwise at the end. */
+static inline void opk_accum(int ccode, char *acc, Py_ssize_t step, const char *src, Py_ssize_t n,
+                             Py_ssize_t pos)
+{
+    if (step == 0) {
+        double s[8];
+        memcpy(s, acc, sizeof s);
+        Py_ssize_t j = 0;
+        if (ccode == OPK_F64) {
+            const double *v = (const double *)src;
+            for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += v[j];
+            for (; j + 8 <= n; j += 8)
+                for (int l = 0; l < 8; l++) s[l] += v[j + l];
+            for (; j < n; j++) s[(pos + j) & 7] += v[j];
+        } else {
+            const float *v = (const float *)src;
+            for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += (double)v[j];
+            for (; j + 8 <= n; j += 8)
+                for (int l = 0; l < 8; l++) s[l] += (double)v[j + l];
+            for (; j < n; j++) s[(pos + j) & 7] += (double)v[j];
+        }
+        memcpy(acc, s, sizeof s);
+        return;
+    }
+    if (ccode == OPK_F64) {
+        const double *v = (const double *)src;
+        if (step == 8) { double *a = (double *)acc; for (Py_ssize_t j = 0; j < n; j++) a[j] += v[j]; }
+        else for (Py_ssize_t j = 0; j < n; j++) *(double *)(acc + j * step) += v[j];
+    } else {
+        const float *v = (const float *)src;
+        if (step == 8) { double *a = (double *)acc; for (Py_ssize_t j = 0; j < n; j++) a[j] += (double)v[j]; }
+        else for (Py_ssize_t j = 0; j < n; j++) *(double *)(acc + j * step) += (double)v[j];
+    }
+}
+
+/* Add a tile of results into a folded sum's partials: the run's elements go to rows of `inner`
+ * (the first one `col` elements in), element c of row q to acc + q * rs + c * step. */
+static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_t step,
+                                  Py_ssize_t inner, Py_ssize_t col, const char *src, Py_ssize_t n,
+                                  Py_ssize_t pos)
+{
+    const Py_ssize_t cs = OPK_CSIZE(ccode);
+    while (n > 0) {
+        const Py_ssize_t m = inner - col < n ? inner - col : n;
+        opk_accum(ccode, acc + col * step, step, src, m, pos);
+        src += m * cs;
+        n -= m;
+        pos += m;
+        acc += rs;
+        col = 0;
+    }
+}
+
+/* Every operand float16 and contiguous (inputs may be broadcast along the run, step 0). */
+static inline int opk_all_half(const opk_kernel *k, const Py_ssize_t *step, const int *code)
+{
+    for (int o = 0; o < k->nops; o++)  /* (an output of step 0 is not stored: any type) */
+        if (!(step[o] == 0 && o >= k->nin) && (code[o] != OPK_F16 || !(step[o] == 2 || step[o] == 0)))
+            return 0;
+    return 1;
+}
+
+/* A float16 run through the kernel's float16 element loop: inputs broadcast along the run are
+ * repeated (as float16) into a scratch tile once. With folded sums the outputs come as float
+ * tiles: the sums add them up before they are rounded to float16 and stored. */
+static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
+                             const Py_ssize_t *step, Py_ssize_t inner, const Py_ssize_t *acc_rs,
+                             Py_ssize_t pos)
+{
+    const Py_ssize_t len = k->tile_len;
+    int tiled = k->nacc > 0;
+    char *t[OPK_MAXOPS];
+    for (int o = 0; o < k->nin; o++) {
+        if (step[o] != 0) continue;
+        uint16_t v, *d = (uint16_t *)(scratch + o * len * 4);
+        memcpy(&v, ptr[o], 2);
+        for (Py_ssize_t j = 0; j < (n < len ? n : len); j++) d[j] = v;
+        tiled = 1;
+    }
+    if (!tiled) {
+        k->htile(n, ptr, k->ctx);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < n; i += len) {
+        const Py_ssize_t m = n - i < len ? n - i : len;
+        for (int o = 0; o < k->nops; o++)
+            t[o] = (o >= k->nin && k->nacc) || step[o] == 0 ? scratch + o * len * 4 : ptr[o] + i * 2;
+        if (k->nacc == 0) {
+            k->htile(m, t, k->ctx);
+            continue;
+        }
+        k->htile_f(m, t, k->ctx);
+        for (int a = 0; a < k->nacc; a++)
+            opk_accum_rows(OPK_F32, ptr[k->nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
+                           step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i);
+        for (int o = k->nin; o < k->nops; o++)
+            if (step[o] != 0) opk_f2h_contig((uint16_t *)(ptr[o] + i * 2), (const float *)t[o], m);
+    }
+}
+
 /* One row piece: operands stored in the compute type with unit stride are used in place, the
  * others are converted or gathered into tiles of `scratch` (nops x tile_len elements); an input
  * broadcast along the run (step 0) is filled into its tile once; long runs into memory the
- * caller gave are computed into a tile and streamed out. */
-static void opk_segment(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
-                        const Py_ssize_t *step, const int *code)
+ * caller gave are computed into a tile and streamed out; an output with step 0 is not stored
+ * (only a folded sum reads it). Folded sums (operands nops .. nops + nacc) take each tile while
+ * it is in cache: the run is `inner`-element rows, the sums' partials move on by acc_rs a row. */
+static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
+                             const Py_ssize_t *step, const int *code, Py_ssize_t inner,
+                             const Py_ssize_t *acc_rs, Py_ssize_t pos)
 {
     const int nin = k->nin, nops = k->nops, cc = k->ccode;
     const Py_ssize_t cs = OPK_CSIZE(cc), len = k->tile_len;
+    if (k->htile != NULL && (k->nacc == 0 || k->htile_f != NULL) && opk_all_half(k, step, code)) {
+        opk_segment_half(k, scratch, n, ptr, step, inner, acc_rs, pos);
+        return;
+    }
     const int streaming = k->stream && n >= OPK_STREAM_MIN;
-    int direct[OPK_MAXOPS], all_direct = 1;
+    int direct[OPK_MAXOPS], all_direct = k->nacc == 0;  /* sums are added up tile by tile */
     char *t[OPK_MAXOPS];
     for (int o = 0; o < nops; o++) {
         direct[o] = code[o] == cc && step[o] == cs;
@@ -604,12 +752,24 @@ static void opk_segment(const opk_kernel *k, char *scratch, Py_ssize_t n, char *
             }
         }
         k->tile(m, t, k->ctx);
+        for (int a = 0; a < k->nacc; a++)  /* the results are still in cache */
+            opk_accum_rows(cc, ptr[nops + a] + (i / inner) * acc_rs[a], acc_rs[a], step[nops + a],
+                           inner, i % inner, t[k->acc_src[a]], m, pos + i);
         for (int o = nin; o < nops; o++) {
             if (direct[o] && streaming) opk_stream_c(cc, ptr[o] + i * step[o], t[o], m);
-            else if (!direct[o]) opk_store_c(cc, ptr[o] + i * step[o], step[o], code[o], t[o], m);
+            else if (!direct[o] && step[o] != 0)
+                opk_store_c(cc, ptr[o] + i * step[o], step[o], code[o], t[o], m);
         }
     }
     if (streaming) opk_fence();
+}
+
+/* A run that is one row piece, for kernels without folded sums. */
+static inline void opk_segment(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
+                               const Py_ssize_t *step, const int *code)
+{
+    static const Py_ssize_t no_rows[OPK_MAXACC] = {0};
+    opk_segment_rows(k, scratch, n, ptr, step, code, n > 0 ? n : 1, no_rows, 0);
 }
 
 /* Scratch tiles for one thread's walk: on the stack when small (the usual case), else on the
@@ -621,27 +781,62 @@ static inline char *opk_scratch(const opk_kernel *k, char *stack)
     return bytes <= OPK_STACK_SCRATCH ? stack : (char *)PyMem_RawMalloc(bytes);
 }
 
-/* Short rows (NHWC with a per-pixel value broadcast over C, say) cost a call each. When every
- * operand either runs on contiguously from one row to the next or holds one value per row,
- * rows are handed to the kernel in groups: the per-row values are spread into a contiguous
- * tile first, so the kernel sees one long direct run. */
+/* Short rows (NHWC with a per-pixel value broadcast over C, or a per-channel one repeated on
+ * every pixel, say) cost a call each. When every output runs on contiguously from one row to
+ * the next, rows are handed to the kernel in groups: the inputs that do not are spread into a
+ * contiguous tile first (a per-row value filled, a row repeated on every row copied, once while
+ * it stays the same), so the kernel sees one long direct run; folded sums follow the rows. */
 #ifndef OPK_GROUP
 #define OPK_GROUP 2048   /* elements per group of rows */
 #endif
+
+/* rows [0, nrows) of an input spread into a contiguous group tile in the compute type */
+static inline void opk_spread(int ccode, char *dst, const char *src, Py_ssize_t rs,
+                              Py_ssize_t step, int code, Py_ssize_t nrows, Py_ssize_t inner)
+{
+    const Py_ssize_t cs = code == OPK_F16 ? 2 : OPK_CSIZE(ccode);
+    if (code == OPK_F16) {  /* float16 stays float16: the kernel converts it in registers */
+        uint16_t *d = (uint16_t *)dst;
+        for (Py_ssize_t q = 0; q < nrows; q++) {
+            const char *r = src + q * rs;
+            if (q > 0 && rs == 0) { memcpy(d + q * inner, d, (size_t)(inner * 2)); continue; }
+            for (Py_ssize_t j = 0; j < inner; j++) memcpy(d + q * inner + j, r + j * step, 2);
+        }
+        return;
+    }
+    if (step == 0 && ccode == OPK_F32 && code == OPK_F32) {  /* a value per row: inline */
+        float *d = (float *)dst;
+        for (Py_ssize_t q = 0; q < nrows; q++) {
+            const float v = *(const float *)(src + q * rs);
+            for (Py_ssize_t j = 0; j < inner; j++) d[q * inner + j] = v;
+        }
+        return;
+    }
+    if (rs == 0) {  /* the same row on every row: convert it once, then copy */
+        opk_load_c(ccode, dst, src, step, code, inner);
+        for (Py_ssize_t q = 1; q < nrows; q++)
+            memcpy(dst + q * inner * cs, dst, (size_t)(inner * cs));
+        return;
+    }
+    for (Py_ssize_t q = 0; q < nrows; q++)
+        opk_load_c(ccode, dst + q * inner * cs, src + q * rs, step, code, inner);
+}
 
 static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
                           const opk_kernel *kn, char *scratch)
 {
     const Py_ssize_t nd = g[OPK_G_NDIM], nops = g[OPK_G_NOPS], nout = g[OPK_G_NOUT];
+    const Py_ssize_t nin = nops - nout, nk = kn->nops;  /* operands nk .. nops: folded sums */
     const int ccode = (int)g[OPK_G_CCODE];
     const Py_ssize_t csize = OPK_CSIZE(ccode);
     const Py_ssize_t *shape = g + OPK_G_SHAPE;
     const Py_ssize_t *strides = shape + nd;
     const Py_ssize_t *codes = strides + nops * nd;
     Py_ssize_t idx[OPK_MAXDIM];
-    char *row[OPK_MAXOPS], *ptr[OPK_MAXOPS];
-    Py_ssize_t step[OPK_MAXOPS], gstep[OPK_MAXOPS];
-    int code[OPK_MAXOPS], gcode[OPK_MAXOPS], per_row[OPK_MAXOPS];
+    char *row[OPK_MAXARR], *ptr[OPK_MAXARR];
+    const char *filled[OPK_MAXARR];
+    Py_ssize_t step[OPK_MAXARR], gstep[OPK_MAXARR], rs[OPK_MAXARR], filled_rows[OPK_MAXARR];
+    int code[OPK_MAXARR], gcode[OPK_MAXARR], spreads[OPK_MAXARR];
     const Py_ssize_t inner = shape[nd - 1];
     Py_ssize_t r = start / inner, col = start % inner;
     for (Py_ssize_t d = nd - 2; d >= 0; d--) { idx[d] = r % shape[d]; r /= shape[d]; }
@@ -651,30 +846,35 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
         for (Py_ssize_t d = 0; d < nd - 1; d++) p += idx[d] * s[d];
         row[k] = p;
         step[k] = s[nd - 1];
+        rs[k] = nd >= 2 ? s[nd - 2] : 0;
         code[k] = (int)codes[k];
+        filled[k] = NULL;
+        filled_rows[k] = 0;
     }
     /* can rows be grouped? */
-    int group = nd >= 2 && inner * 4 <= OPK_GROUP, any_per_row = 0;
+    int group = nd >= 2 && inner * 4 <= OPK_GROUP, any_spread = 0, any_rowwise = 0;
     for (Py_ssize_t o = 0; group && o < nops; o++) {
-        const Py_ssize_t rs = strides[o * nd + nd - 2];
-        per_row[o] = step[o] == 0 && rs != 0 && o < nops - nout;
-        any_per_row |= per_row[o];
-        if (!per_row[o] && rs != inner * step[o]) group = 0;
+        const int runs_on = rs[o] == inner * step[o];
+        spreads[o] = o < nin && !runs_on;
+        any_spread |= spreads[o];
+        any_rowwise |= !runs_on;
+        if (o >= nin && o < nk && !runs_on) group = 0;  /* an output must run on */
     }
-    group = group && any_per_row;
+    group = group && any_rowwise;
     /* the kernel's own row loop takes per-row values as scalars: no spreading, when every
      * operand is stored in the compute type (and runs contiguously, or is per-row) */
-    int mask = 0, use_rows = group && kn->rows != NULL;
-    Py_ssize_t rstep[OPK_MAXOPS];
-    for (Py_ssize_t o = 0; group && o < nops; o++) {
-        rstep[o] = strides[o * nd + nd - 2];
-        if (per_row[o]) mask |= 1 << o;
-        if (code[o] != ccode || (!per_row[o] && step[o] != csize)) use_rows = 0;
+    int mask = 0, use_rows = group && any_spread && kn->rows != NULL && kn->nacc == 0;
+    for (Py_ssize_t o = 0; use_rows && o < nops; o++) {
+        if (spreads[o]) {
+            if (step[o] != 0) use_rows = 0;
+            mask |= 1 << o;
+        }
+        if (code[o] != ccode || (!spreads[o] && step[o] != csize)) use_rows = 0;
     }
     if (use_rows && (mask >= 64 || !(kn->row_masks >> mask & 1))) use_rows = 0;
     char *spread = NULL;
-    if (group && !use_rows) {
-        spread = (char *)PyMem_RawMalloc((size_t)nops * OPK_GROUP * csize);
+    if (group && any_spread && !use_rows) {
+        spread = (char *)PyMem_RawMalloc((size_t)nin * OPK_GROUP * csize);
         if (spread == NULL) group = 0;
     }
     Py_ssize_t left = stop - start;
@@ -684,28 +884,21 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
         if (nrows > OPK_GROUP / inner) nrows = OPK_GROUP / inner;
         Py_ssize_t m;
         if (nrows >= 2 && use_rows) {
-            kn->rows(nrows, inner, row, rstep, mask, kn->ctx);
+            kn->rows(nrows, inner, row, rs, mask, kn->ctx);
             m = nrows * inner;
-            for (Py_ssize_t k = 0; k < nops; k++) row[k] += (nrows - 1) * strides[k * nd + nd - 2];
-            idx[nd - 2] += nrows - 1;
         } else if (nrows >= 2) {
             for (Py_ssize_t k = 0; k < nops; k++) {
-                if (per_row[k]) {
+                if (spreads[k]) {
                     char *dst = spread + k * OPK_GROUP * csize;
-                    const Py_ssize_t rs = strides[k * nd + nd - 2];
-                    if (ccode == OPK_F32 && code[k] == OPK_F32) {  /* the common case, inline */
-                        float *d = (float *)dst;
-                        for (Py_ssize_t q = 0; q < nrows; q++) {
-                            const float v = *(const float *)(row[k] + q * rs);
-                            for (Py_ssize_t j = 0; j < inner; j++) d[q * inner + j] = v;
-                        }
-                    } else {
-                        for (Py_ssize_t q = 0; q < nrows; q++)
-                            opk_load_c(ccode, dst + q * inner * csize, row[k] + q * rs, 0, code[k], inner);
+                    /* a row repeated on every row is spread once while it stays the same */
+                    if (!(rs[k] == 0 && filled[k] == row[k] && filled_rows[k] >= nrows)) {
+                        opk_spread(ccode, dst, row[k], rs[k], step[k], code[k], nrows, inner);
+                        filled[k] = row[k];
+                        filled_rows[k] = nrows;
                     }
                     ptr[k] = dst;
-                    gstep[k] = csize;
-                    gcode[k] = ccode;
+                    gstep[k] = code[k] == OPK_F16 ? 2 : csize;
+                    gcode[k] = code[k] == OPK_F16 ? OPK_F16 : ccode;
                 } else {
                     ptr[k] = row[k];
                     gstep[k] = step[k];
@@ -713,13 +906,16 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
                 }
             }
             m = nrows * inner;
-            opk_segment(kn, scratch, m, ptr, gstep, gcode);
-            for (Py_ssize_t k = 0; k < nops; k++) row[k] += (nrows - 1) * strides[k * nd + nd - 2];
-            idx[nd - 2] += nrows - 1;
+            opk_segment_rows(kn, scratch, m, ptr, gstep, gcode, inner, rs + nk, stop - left);
         } else {
+            nrows = 1;
             m = inner - col < left ? inner - col : left;
             for (Py_ssize_t k = 0; k < nops; k++) ptr[k] = row[k] + col * step[k];
-            opk_segment(kn, scratch, m, ptr, step, code);
+            opk_segment_rows(kn, scratch, m, ptr, step, code, m, rs + nk, stop - left);
+        }
+        if (nrows >= 2) {
+            for (Py_ssize_t k = 0; k < nops; k++) row[k] += (nrows - 1) * rs[k];
+            idx[nd - 2] += nrows - 1;
         }
         left -= m;
         if (left <= 0) break;
@@ -847,6 +1043,25 @@ static inline int opk_threads(Py_ssize_t total, int available, Py_ssize_t thresh
     return by_size < available ? (int)by_size : available;
 }
 
+/* A kernel that folds sums into its pass runs in chunks of OPK_ACC_CHUNK elements, each adding
+ * into partial sums of its own (acc_slot bytes further on per chunk): the chunks, and so every
+ * sum, are the same whatever the number of threads; opkit adds the chunks' sums in order. */
+static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, const opk_kernel *k,
+                          int nt)
+{
+    const Py_ssize_t nchunks = opk_cdiv(total, OPK_ACC_CHUNK), nops = g[OPK_G_NOPS];
+    int failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed) if(nt > 1)
+    for (Py_ssize_t c = 0; c < nchunks; c++) {
+        char *b[OPK_MAXARR];
+        for (Py_ssize_t o = 0; o < nops; o++)
+            b[o] = base[o] + (o >= k->nops ? c * k->acc_slot : 0);
+        const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
+        failed |= opk_walk(c * OPK_ACC_CHUNK, stop, g, b, k);
+    }
+    return failed ? -1 : 0;
+}
+
 /* A kernel over a geometry, split statically over threads; -1: out of memory. */
 static int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *k, int available,
                    Py_ssize_t threshold, int max_threads)
@@ -856,6 +1071,7 @@ static int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *k, int av
     for (Py_ssize_t d = 0; d < nd; d++) total *= g[OPK_G_SHAPE + d];
     const int nt = opk_threads(total, available, threshold, max_threads);
     int failed = 0;
+    if (k->nacc > 0) return opk_run_chunks(total, g, base, k, nt);
     if (nt <= 1) return opk_walk(0, units, g, base, k);
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed)
     for (int t = 0; t < nt; t++)

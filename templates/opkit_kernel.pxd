@@ -3,7 +3,7 @@
 # machinery itself). The module defines the dtype codes before this is included.
 
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 
 cdef extern from "opkit_kernel.h" nogil:
     ctypedef float* opk_fp
@@ -16,6 +16,8 @@ cdef extern from "opkit_kernel.h" nogil:
     ctypedef const int64_t* opk_clp
     ctypedef void (*opk_tile_fn)(Py_ssize_t, char* const*, const void*) noexcept nogil
     ctypedef void (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
+    enum: OPK_MAXACC
+    enum: OPK_HBLOCK
     ctypedef struct opk_kernel:
         opk_tile_fn tile
         opk_rows_fn rows
@@ -24,6 +26,13 @@ cdef extern from "opkit_kernel.h" nogil:
         int nin, nops, ccode
         Py_ssize_t tile_len
         int stream
+        int nacc
+        int acc_src[OPK_MAXACC]
+        Py_ssize_t acc_slot
+        opk_tile_fn htile
+        opk_tile_fn htile_f
+    void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
+    void opk_f2h_block(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
     enum: OPK_MAXOPS
     int32_t opk_qmul_i(int32_t x, int32_t m, int bits)
@@ -42,15 +51,33 @@ cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row
     cdef opk_kernel k
     k.tile, k.rows, k.row_masks, k.ctx = tile, rows, row_masks, ctx
     k.nin, k.nops, k.ccode, k.tile_len, k.stream = nin, nops, ccode, tile_len, stream
+    k.nacc, k.acc_slot, k.htile, k.htile_f = 0, 0, NULL, NULL
     return k
+
+
+cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, Py_ssize_t slot) except -1:
+    """Sums folded into the kernel's pass: `sources` are the operand indexes of the outputs
+    they add up; their partial sums follow the outputs in the operands, `slot` bytes a chunk."""
+    cdef int a
+    if len(sources) > OPK_MAXACC:
+        raise ValueError(f"opkit: at most {OPK_MAXACC} sums fold into one kernel")
+    for a in range(len(sources)):
+        if not k.nin <= sources[a] < k.nops:
+            raise ValueError("opkit: a folded sum adds up an operand that is not an output")
+        k.acc_src[a] = sources[a]
+    k.nacc, k.acc_slot = len(sources), slot
+    return 0
 
 
 cdef inline int opk_run_arrays(cnp.ndarray geom, tuple arrays, const opk_kernel* k, int nthreads,
                                Py_ssize_t threshold, int max_threads) except -1:
-    """A kernel over the geometry built by opkit.runtime.geometry; arrays = inputs + outputs."""
-    cdef char* base[OPK_MAXOPS]
+    """A kernel over the geometry built by opkit.runtime.geometry; arrays = inputs + outputs
+    (+ the partial sums it accumulates)."""
+    cdef char* base[OPK_MAXOPS + OPK_MAXACC]
     cdef int o, failed
-    for o in range(k.nops):
+    if len(arrays) < k.nops + k.nacc:
+        raise ValueError("opkit: a kernel's operands do not match its geometry")
+    for o in range(k.nops + k.nacc):
         base[o] = <char*>cnp.PyArray_DATA(<cnp.ndarray>arrays[o])
     with nogil:
         failed = opk_run(<const Py_ssize_t*>cnp.PyArray_DATA(geom), base, k, nthreads, threshold,

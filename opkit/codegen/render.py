@@ -24,6 +24,7 @@ from ..backend import blas
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, Lowered, Reg, Schedule,
                      compute_dtype, cost, listing, quantized)
 from ..lower.fuse import MAX_OPERANDS
+from ..lower.reduce import MAX_SUMS, SUM_CHUNK
 from ..lower.integer import fixed_point_factor
 from ..quantize import M_LIMIT
 from ..spec.model import OpSpec
@@ -380,7 +381,7 @@ def fast_context(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Opt
     """What the direct call needs, or None when the forward pass is not one plain kernel over
     layout-agnostic inputs (those calls always take the checked path)."""
     steps = lowered.forward.steps
-    if len(steps) != 1 or not isinstance(steps[0], Kernel):
+    if len(steps) != 1 or not isinstance(steps[0], Kernel) or steps[0].sums:
         return None
     k = steps[0]
     if not all(v.kind is Kind.INPUT for v in k.inputs) or not all(v.kind is Kind.OUTPUT for v in k.outputs):
@@ -449,7 +450,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
             if plan is None:
                 continue
             for k in plan.kernels:
-                role = f"{plan.kind}, writes {', '.join(str(v) for v in k.outputs)}"
+                role = f"{plan.kind}, writes {k.describe_writes()}"
                 if others:
                     role += f" (variant {variant.index})"
                 kernels.append(kernel_context(k, role, spec, low.schedule, file_name, target,
@@ -462,7 +463,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         fast=fast, codes={CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()},
-        max_operands=MAX_OPERANDS, fused=fused,
+        max_operands=MAX_OPERANDS, max_sums=MAX_SUMS, sum_chunk=SUM_CHUNK, fused=fused,
         blas=_printable(lib.describe()) if lib is not None else "")
 
 

@@ -13,11 +13,12 @@ from ..spec.model import OpSpec
 from .epilogue import fuse_epilogues
 from .fuse import fuse
 from .integer import check_integer, quantized
+from .reduce import MAX_SUMS, SUM_CHUNK, fold_sums
 from .listing import Cost, compute_dtype, cost, listing
 from .plan import (LOAD, Attr, Const, Fused, FusionNote, Instr, Kernel, Kind, LibCall, Plan, Reg,
                    Schedule, Stat, Value)
 
-DEFAULT_TILE = 1024
+DEFAULT_TILE = 256
 # Below this many float32 (or float16) elements one thread runs, half as many for float64: an
 # OpenMP region costs about 2 us to open, and two threads beat one from about 32K float32
 # elements (16K float64) on the 2-core machines opkit is measured on (docs/performance.md).
@@ -65,6 +66,10 @@ def lower(spec: OpSpec, graphs: OpGraphs) -> Lowered:
             raise SpecError(f"schedule.fuse is required, but: {missed}", missed.loc or spec.schedule.loc)
     backward = (fuse_epilogues(fuse(graphs.backward, prefix + "bwd"), spec)
                 if graphs.differentiable else None)
+    # integer kernels have no float64 partial sums to add into: their sums stay library calls
+    if not spec.int_dtypes:
+        forward = fold_sums(forward)
+    backward = fold_sums(backward) if backward is not None else None
     return Lowered(forward, backward, make_schedule(spec))
 
 

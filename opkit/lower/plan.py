@@ -124,6 +124,9 @@ class Kernel:
     locs: Tuple[Loc, ...] = ()    # declaration lines this kernel comes from
     dims: Optional[Tuple[str, ...]] = None   # the named dims it iterates over (None: positional)
     in_dims: Tuple[Optional[Tuple[str, ...]], ...] = ()   # each input's named dims
+    # sums of its outputs folded into its pass (lower/reduce.py): each adds up an output over
+    # the dims it does not keep, tile by tile while the tile is in cache
+    sums: Tuple["LibCall", ...] = ()
 
     @property
     def reads(self) -> Tuple[Value, ...]:
@@ -131,11 +134,20 @@ class Kernel:
 
     @property
     def writes(self) -> Tuple[Value, ...]:
-        return self.outputs
+        return self.outputs + tuple(s.result for s in self.sums)
 
     @functools.cached_property
     def operands(self) -> Tuple[Value, ...]:
         return self.inputs + self.outputs
+
+    def describe_writes(self) -> str:
+        """What it writes, the sums folded into its pass included (`opkit show`, the module)."""
+        text = ", ".join(map(str, self.outputs))
+        for s in self.sums:
+            what = (f"sum_to({s.args[0]}, {s.params[0]})" if s.prim == "sum_to"
+                    else f"sum({s.args[0]}, keep=[{', '.join(s.params[0])}])")
+            text += f"; {s.result} = {what} in the same pass"
+        return text
 
     @functools.cached_property
     def prologue(self) -> Tuple[Instr, ...]:

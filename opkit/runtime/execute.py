@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -13,6 +13,7 @@ from ..dsl import named
 from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
 from ..lower.epilogue import physical
+from ..lower.reduce import SUM_CHUNK
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides
@@ -114,6 +115,13 @@ class Executor:
                 src = step.args[0]
                 if src.kind is Kind.TEMP and self.readers.get(src) == [i]:
                     self.direct[src] = step
+        # a kernel's temps read only by sums folded into it: they need not be stored
+        self.folded: Dict[Value, List[LibCall]] = {}
+        for step in plan.steps:
+            if isinstance(step, Kernel):
+                for c in step.sums:
+                    if c.args[0] not in self.readers:
+                        self.folded.setdefault(c.args[0], []).append(c)
         # outputs that steps after the one writing them read (a batch mean the normalization uses)
         self.reread = {v for v, readers in self.readers.items() if v.kind is Kind.OUTPUT}
 
@@ -154,6 +162,8 @@ class Executor:
             self._library(step, env, bound, out_dtypes, like, clip, st.final)
             return
         ins = [env[v] for v in step.inputs]
+        landed = set()   # outputs of the kernel that are an output array as they are
+        summed = []      # the folded sums this call adds up in the pass
         for vid in step.outputs:
             if vid in env:
                 continue
@@ -161,24 +171,101 @@ class Executor:
                 env[vid] = self._allocate(like[vid], out_dtypes[vid])
                 continue
             lib = self.direct.get(vid)
-            if lib is not None:
-                target = env[values[lib.params[0]]]
-                nm = named.union_names([n for _, n in ins])
-                sizes = named.dim_sizes(ins, [str(v) for v in step.inputs])
-                shape = tuple(sizes[n] for n in nm)
-                if nm == target[1] and shape == target[0].shape and lib.result not in env:
-                    env[vid] = env[lib.result] = self._allocate(target, out_dtypes[lib.result])
-                    skipped.add(lib.name)
-                    continue
+            if lib is not None and self._lands(lib, vid, step, ins, st):
+                skipped.add(lib.name)
+                landed.add(vid)
+                continue
+            folded = self.folded.get(vid)
+            if folded is not None:
+                # read only by sums folded into this kernel: a sum_to that is an identity
+                # here is its output array; the others add the values up, stored or not
+                ident = next((c for c in folded if c.prim == "sum_to" and c.result.kind is Kind.OUTPUT
+                              and self._lands(c, vid, step, ins, st)), None)
+                if ident is not None:
+                    landed.add(vid)
+                else:
+                    env[vid] = (np.broadcast_to(np.empty((), st.temp_dtype),
+                                                self._temp_shape(ins, step.inputs)[1]),
+                                self._temp_shape(ins, step.inputs)[0])
+                summed += [c for c in folded if c is not ident]
+                continue
             env[vid] = self._temp(ins, step.inputs, st.temp_dtype)
+        summed += [c for c in step.sums if c.args[0] not in self.folded]
         clips = None
         if clip is not None and self.plan.kind == "backward":
             # a result that lands in an output as it is gets clamped on store
-            clips = tuple((-clip, clip) if v.kind is Kind.OUTPUT or
-                          (v in self.direct and self.direct[v].name in skipped)
+            clips = tuple((-clip, clip) if v.kind is Kind.OUTPUT or v in landed
                           else (-np.inf, np.inf) for v in step.outputs)
+        sums = self._partials(summed, env, values, env[step.outputs[0]][0].size,
+                              self._lanes(step, env, summed))
+        later = ()
+        if sums and clips is not None:
+            # a folded sum adds up the gradient as computed; what lands in an output is clamped
+            # after the pass, as a library call's result is
+            sources = {c.args[0] for c in summed}
+            later = [v for v, c in zip(step.outputs, clips) if v in sources and c[0] != -np.inf]
+            clips = tuple((-np.inf, np.inf) if v in sources else c for v, c in zip(step.outputs, clips))
         self._kernel(step, env, bound, st.module, st.tag,
-                     any(v in st.out_arrays for v in step.outputs), clips)
+                     any(v in st.out_arrays for v in step.outputs), clips,
+                     [(step.outputs.index(c.args[0]), partial) for c, partial in zip(summed, sums)])
+        for v in later:
+            np.clip(env[v][0], -clip, clip, out=env[v][0])
+        for c, (partial, names) in zip(summed, sums):
+            if partial.ndim > len(names) + 1:  # eight lanes a sum, added pairwise as the C side does
+                partial = partial[..., 0::2] + partial[..., 1::2]
+                partial = partial[..., 0::2] + partial[..., 1::2]
+                partial = partial[..., 0] + partial[..., 1]
+            self._put(c.result, (partial.sum(axis=0).astype(st.temp_dtype), names), env,
+                      out_dtypes, like, clip, st.temp_dtype, st.final)
+
+    def _lanes(self, k: Kernel, env: Dict[Value, Array], calls: List[LibCall]) -> List[bool]:
+        """For each folded sum, whether the walk adds runs into it whole (it does not vary along
+        the output's fastest dim): then it is kept as eight lanes (opk_accum)."""
+        out_arr, iter_names = env[k.outputs[0]]
+        order = [d for d in np.argsort([abs(s) for s in out_arr.strides], kind="stable")
+                 if out_arr.shape[d] > 1]
+        if not order:
+            return [True] * len(calls)
+        fastest = iter_names[order[0]]
+        lanes = []
+        for c in calls:
+            if c.prim == "sum_to":
+                target, names = env[self.values[c.params[0]]]
+                lanes.append(fastest not in names or target.shape[names.index(fastest)] == 1)
+            else:
+                lanes.append(fastest not in c.params[0])
+        return lanes
+
+    def _lands(self, lib: LibCall, vid: Value, k: Kernel, ins: List[Array], st: "_State") -> bool:
+        """Whether `lib` (a sum_to of the kernel's `vid`) is an identity for this call; then its
+        result array (allocated now unless the caller gave it) is where the kernel writes vid."""
+        target = st.env[self.values[lib.params[0]]]
+        nm, shape = self._temp_shape(ins, k.inputs)
+        if nm != target[1] or shape != target[0].shape:
+            return False
+        if lib.result not in st.env:  # (else an array the caller gave)
+            st.env[lib.result] = self._allocate(target, st.out_dtypes[lib.result])
+        st.env[vid] = st.env[lib.result]
+        return True
+
+    @staticmethod
+    def _partials(calls: List[LibCall], env: Dict[Value, Array], values, total: int,
+                  lanes: List[bool]) -> List[Array]:
+        """Zeroed float64 partial sums for folded sums: one row per chunk of SUM_CHUNK elements
+        (at least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and
+        eight lanes each where `lanes` says."""
+        out = []
+        rows = (max(-(-total // SUM_CHUNK), 1),)
+        for c, lane in zip(calls, lanes):
+            if c.prim == "sum_to":
+                target, names = env[values[c.params[0]]]
+                shape = target.shape
+            else:
+                arr, arr_names = env[c.args[0]]
+                names = tuple(n for n in arr_names if n in c.params[0])
+                shape = tuple(arr.shape[arr_names.index(n)] for n in names)
+            out.append((np.zeros(rows + shape + ((8,) if lane else ())), names))
+        return out
 
     def _fused(self, step: Fused, st: "_State") -> bool:
         """Run a fused step in the compiled module; False when it cannot here (the layout is not
@@ -255,21 +342,31 @@ class Executor:
         return np.empty_like(arr, dtype=dtype), names
 
     @staticmethod
-    def _temp(ins: List[Array], labels, dtype) -> Array:
+    def _temp_shape(ins: List[Array], labels) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
+        """The names and shape of the space a kernel reading `ins` iterates over."""
         nm = named.union_names([n for _, n in ins])
         sizes = named.dim_sizes(ins, [str(v) for v in labels])
-        return np.empty(tuple(sizes[n] for n in nm), dtype=dtype), nm
+        return nm, tuple(sizes[n] for n in nm)
+
+    @classmethod
+    def _temp(cls, ins: List[Array], labels, dtype) -> Array:
+        nm, shape = cls._temp_shape(ins, labels)
+        return np.empty(shape, dtype=dtype), nm
 
     def _kernel(self, k: Kernel, env: Dict[Value, Array], bound: Bound, module, tag: str,
-                warm: bool, clips=None) -> None:
+                warm: bool, clips=None, sums: Sequence[Tuple[int, Array]] = ()) -> None:
+        """`sums`: (output index, partial sums) of the sums folded into `k` that this call adds
+        up (their first chunk's row is the operand; the kernel moves on a row per chunk)."""
         out_arr, iter_names = env[k.outputs[0]]
-        operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
+        operands = ([env[v] for v in k.inputs] + [env[v] for v in k.outputs]
+                    + [(partial[0] if partial.ndim == len(names) + 1 else partial[0, ..., 0], names)
+                       for _, (partial, names) in sums])
         ccode = TAG_CODES[tag]
         key = (k.name, iter_names, out_arr.shape, ccode,
                tuple((arr.shape, arr.strides, arr.dtype, nm) for arr, nm in operands))
         geom = self._geometries.get(key)
         if geom is None:
-            geom = self._geometry(k, operands, iter_names, out_arr.shape, ccode)
+            geom = self._geometry(k, operands, iter_names, out_arr.shape, ccode, len(sums))
             if len(self._geometries) >= 256:
                 self._geometries.clear()
             self._geometries[key] = geom
@@ -278,19 +375,28 @@ class Executor:
         fn = getattr(module, f"{k.name}_{tag}")
         args = (geom, tuple(arr for arr, _ in operands), *[bound.attrs[a] for a in k.attrs],
                 setting("num_threads"), warm)
-        fn(*args, clips) if clips is not None else fn(*args)
+        extra = {}
+        if sums:
+            extra = {"sums": tuple(len(k.inputs) + i for i, _ in sums),
+                     "sum_slot": sums[0][1][0].strides[0]}
+        fn(*args, clips, **extra) if clips is not None else fn(*args, **extra)
 
-    def _geometry(self, k: Kernel, operands, iter_names, iter_shape, ccode: int) -> np.ndarray:
+    def _geometry(self, k: Kernel, operands, iter_names, iter_shape, ccode: int,
+                  nsums: int = 0) -> np.ndarray:
         strides = []
-        for (arr, nm), vid in zip(operands, k.operands):
+        labels = list(k.operands) + ["a folded sum"] * nsums
+        for (arr, nm), vid in zip(operands, labels):
             for n, s in zip(nm, arr.shape):
                 if n not in iter_names and s != 1 or (n in iter_names and s not in (1, iter_shape[iter_names.index(n)])):
                     raise ValueError(f"{self.where}: {vid} of shape {arr.shape} does "
                                      f"not fit the result's shape {iter_shape}")
             strides.append(tuple(operand_strides(arr, nm, iter_names, iter_shape)))
+        # partial sums are written like outputs, and walked in the outputs' order (never
+        # transposed through a block buffer: a tile is added up where it is computed)
         geom = geometry(tuple(iter_shape), tuple(strides),
                         tuple(DTYPE_CODES[dtype_name(arr.dtype)] for arr, _ in operands),
-                        tuple(arr.itemsize for arr, _ in operands), len(k.outputs), ccode)
+                        tuple(arr.itemsize for arr, _ in operands), len(k.outputs) + nsums, ccode,
+                        transpose=not nsums)
         geom.flags.writeable = False
         return geom
 
@@ -309,20 +415,25 @@ class Executor:
                 # library calls compute in the compute dtype, like kernels: never in float16
                 args.append((arr.astype(compute) if arr.dtype.itemsize < compute.itemsize else arr, nm))
         arr, nm = LIBRARY[step.prim].run(ctx, args, step.params)
-        arr = np.asarray(arr)  # kernels take arrays, never NumPy scalars
-        if step.result.kind is Kind.OUTPUT:
-            if step.result not in env:
-                env[step.result] = self._allocate(like[step.result], out_dtypes[step.result])
-            dst, dst_names = env[step.result]
-            # a float16 gradient summed in float32 may pass 65504: it rounds to inf, as a
-            # kernel's store does, without a warning
-            with np.errstate(over="ignore"):
-                np.copyto(dst, named.expand_to(arr, nm, dst_names), casting="unsafe")
-            if clip is not None and self.plan.kind == "backward":
-                np.clip(dst, -clip, clip, out=dst)
-            self._keep_precise(step.result, (arr, nm), env, compute, final)
-        else:
-            env[step.result] = (arr, nm)
+        self._put(step.result, (np.asarray(arr), nm), env, out_dtypes, like, clip, compute, final)
+
+    def _put(self, value: Value, computed: Array, env, out_dtypes, like, clip, compute: np.dtype,
+             final) -> None:
+        """A library call's (or folded sum's) result into the environment, or into its output."""
+        arr, nm = computed  # an array: kernels take arrays, never NumPy scalars
+        if value.kind is not Kind.OUTPUT:
+            env[value] = (arr, nm)
+            return
+        if value not in env:
+            env[value] = self._allocate(like[value], out_dtypes[value])
+        dst, dst_names = env[value]
+        # a float16 gradient summed in float32 may pass 65504: it rounds to inf, as a
+        # kernel's store does, without a warning
+        with np.errstate(over="ignore"):
+            np.copyto(dst, named.expand_to(arr, nm, dst_names), casting="unsafe")
+        if clip is not None and self.plan.kind == "backward":
+            np.clip(dst, -clip, clip, out=dst)
+        self._keep_precise(value, (arr, nm), env, compute, final)
 
     def _keep_precise(self, value: Value, computed: Array, env, compute: np.dtype, final) -> None:
         """An output that later steps read (a batch mean) is read by them in the compute type,

@@ -17,7 +17,7 @@ _MIN_TRANSPOSE = 8
 
 
 def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequence[int],
-             itemsizes: Sequence[int], nout: int, ccode: int) -> np.ndarray:
+             itemsizes: Sequence[int], nout: int, ccode: int, transpose: bool = True) -> np.ndarray:
     """The intp array opk_walk reads (templates/opkit_kernel.h):
     [ndim, nops, nout, tdim, ccode, shape..., strides[op][dim]..., codes...].
 
@@ -42,10 +42,10 @@ def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequ
             out_shape.append(n)
             for k in range(nops):
                 out_strides[k].append(strides[k][d])
-    if not out_shape:
-        out_shape = [1]
-        out_strides = [[0] for _ in range(nops)]
-    tdim = _transposed_dim(out_shape, out_strides, itemsizes, lead)
+    if not out_shape:  # one element: every operand a run of one (a step of 0 is an output
+        out_shape = [1]  # that is not stored, opk_segment)
+        out_strides = [[itemsizes[k]] for k in range(nops)]
+    tdim = _transposed_dim(out_shape, out_strides, itemsizes, lead) if transpose else -1
     flat = [len(out_shape), nops, nout, tdim, ccode] + out_shape
     for s in out_strides:
         flat.extend(s)

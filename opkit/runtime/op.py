@@ -282,11 +282,13 @@ class Op:
         values = tuple(results[o.name] for o in self.spec.outputs)
         return values[0] if len(values) == 1 else values
 
-    def backward(self, dy, *args, layout: Optional[str] = None,
+    def backward(self, dy, *args, out: Optional[tuple] = None, layout: Optional[str] = None,
                  precision_mode: Optional[str] = None, clip: Optional[float] = None, **kwargs) -> Tuple:
         """Gradients of every input, in declared order (None for non-differentiable ones).
 
         `dy` is the gradient of the output (a tuple of them when the operator has several).
+        `out`: a tuple with one entry per input, an array to write that input's gradient into
+        (its shape and dtype) or None to have it allocated.
         `clip`: every gradient is clamped to [-clip, clip] in the same pass that computes it."""
         where = f"{self.name}.backward()"
         if not any(i.differentiable for i in self.spec.inputs):
@@ -318,11 +320,55 @@ class Op:
         variant = self._variant(bound)
         bwd = self._run_plans(variant)[1]
         results = {}
+        given = self._prepare_grad_out(out, bound, variant, where) if out is not None else {}
         if bwd is not None:  # (None: only absent optional inputs could take gradients)
             check_scalars(self.spec, bwd.plan, bound.attrs, bound.dtype, where)
             self._aligned(bound)
-            results = bwd.run(bound, self.module(), {}, *self._grad_targets(bound, variant), clip)
+            dtypes, like = self._grad_targets(bound, variant)
+            outs = {vid: self._stage_outs({vid: arr}, dtypes[vid])[vid] for vid, arr in given.items()}
+            self._resolve_overlap(bound, outs)
+            results = bwd.run(bound, self.module(), outs, dtypes, like, clip)
+            for vid, arr in given.items():
+                if not np.may_share_memory(arr, outs[vid]):  # a buffer of its own (_stage_outs)
+                    np.copyto(arr, outs[vid])
+                results[vid.name] = arr
         return tuple(results.get(f"d{n}") for n in self.spec.input_names)
+
+    def _prepare_grad_out(self, out, bound: Bound, variant: Variant,
+                          where: str) -> Dict[Value, np.ndarray]:
+        """backward(out=...): one entry per input, None or the array its gradient goes into."""
+        names = self.spec.input_names
+        if not isinstance(out, (tuple, list)) or len(out) != len(names):
+            raise TypeError(f"{where}: out must be a tuple of {len(names)} entries, one per input "
+                            f"({', '.join('d' + n for n in names)}), each an array or None; got "
+                            f"{type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
+        takes = self.graphs_of(variant).differentiable
+        result = {}
+        for name, arr in zip(names, out):
+            if arr is None:
+                continue
+            label = f"out[d{name}]"
+            if name not in takes:
+                raise ValueError(f"{where}: {label} must be None: {name} takes no gradient"
+                                 + (" (it was not given)" if name not in bound.values else ""))
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"{where}: {label} must be a NumPy array or None, got {type(arr).__name__}")
+            inp = bound.values[name][0]
+            if dtype_name(arr.dtype) != dtype_name(inp.dtype):
+                raise TypeError(f"{where}: {label} must have dtype {inp.dtype.name} ({name}'s dtype), "
+                                f"got {arr.dtype.name}")
+            if arr.shape != inp.shape:
+                raise ValueError(f"{where}: {label} must have shape {inp.shape} ({name}'s shape), "
+                                 f"got {arr.shape}")
+            if not arr.flags.writeable:
+                raise ValueError(f"{where}: {label} is read-only")
+            result[self._grads[name]] = arr
+        arrs = list(result.values())
+        for i in range(len(arrs)):
+            for j in range(i + 1, len(arrs)):
+                if np.may_share_memory(arrs[i], arrs[j]):
+                    raise ValueError(f"{where}: the out arrays overlap in memory")
+        return result
 
     def _grad_targets(self, bound: Bound, variant: Variant):
         """(dtypes, like) of the gradients a backward call writes."""

@@ -1,0 +1,129 @@
+"""Sums folded into the kernel that computes what they add up (opkit/lower/reduce.py): the
+backward of a broadcast input (dbias over N, H, W) is summed in the same pass that writes dx,
+into float64 partial sums per fixed chunk, so the result does not depend on the thread count."""
+import numpy as np
+import pytest
+
+import opkit
+from opkit.lower import Kernel, LibCall
+from opkit.lower.reduce import MAX_SUMS, SUM_CHUNK
+
+from conftest import write_op
+
+SQRT2 = np.sqrt(2.0)
+
+
+def _fused_bias_reference(x, b, dy, layout, alpha=0.2, gain=SQRT2, clamp=np.inf):
+    """dx and dbias of clamp(leaky_relu(x + b) * gain) in float64, written out by hand."""
+    shape = (1, -1, 1, 1) if layout == "NCHW" else (1, 1, 1, -1)
+    v = x.astype(np.float64) + b.astype(np.float64).reshape(shape)
+    y = np.where(v > 0, v, alpha * v) * gain
+    g = np.where(np.abs(y) <= clamp, np.where(v > 0, 1.0, alpha) * gain, 0.0) * dy.astype(np.float64)
+    axes = (0, 2, 3) if layout == "NCHW" else (0, 1, 2)
+    return g, g.sum(axis=axes)
+
+
+def _image(n_elements, c, layout):
+    """A 4-d shape of about n_elements with c channels (odd H and W where possible)."""
+    hw = max(n_elements // (2 * c), 0)
+    h = max(int(np.sqrt(hw)), 1) if hw else 0
+    w = hw // h if h else 0
+    return (2, c, h, w) if layout == "NCHW" else (2, h, w, c)
+
+
+def test_the_bias_gradient_is_summed_in_the_kernel_that_writes_dx():
+    low = opkit.get("fused_bias_leaky_relu").lowered()
+    steps = low.backward.steps
+    assert not any(isinstance(s, LibCall) and s.prim == "sum" for s in steps)
+    (k,) = [s for s in steps if isinstance(s, Kernel)]
+    assert not any(isinstance(s, LibCall) and s.prim == "sum_to" and str(s.result) == "dx" for s in steps)
+    assert [(s.prim, s.params[0]) for s in k.sums] == [("sum_to", "x"), ("sum", ("C",))]
+    assert "sum(tmp0, keep=[C]) in the same pass" in k.describe_writes()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype, rtol", [("float64", 1e-12), ("float32", 1e-5), ("float16", 3e-3)])
+@pytest.mark.parametrize("size", [0, 1, 7 * 3, SUM_CHUNK - 6, SUM_CHUNK, SUM_CHUNK + 6, 3 * SUM_CHUNK + 10])
+def test_fused_bias_backward_matches_numpy(layout, dtype, rtol, size):
+    op = opkit.get("fused_bias_leaky_relu")
+    c = 3
+    shape = _image(size, c, layout)
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal(shape).astype(dtype)
+    b = rng.standard_normal(c).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    dx, db = op.backward(dy, x, b, layout=layout)
+    g, gb = _fused_bias_reference(x, b, dy, layout)
+    assert db.dtype == np.dtype(dtype) and db.shape == (c,)
+    # dbias rounds once, to its dtype, from a sum of many terms
+    np.testing.assert_allclose(db, gb, rtol=rtol, atol=rtol * np.sqrt(max(x.size, 1)))
+    np.testing.assert_allclose(dx, g, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_folded_sums_do_not_depend_on_the_thread_count(layout, dtype):
+    op = opkit.get("fused_bias_leaky_relu")
+    shape = _image(5 * SUM_CHUNK + 123, 5, layout)
+    rng = np.random.default_rng(3)
+    x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    b = rng.standard_normal(5).astype(dtype)
+    results = []
+    for n in (1, 2, 3):
+        with opkit.config(num_threads=n):
+            results.append(op.backward(dy, x, b, layout=layout))
+    for dx, db in results[1:]:
+        assert np.array_equal(dx, results[0][0]) and np.array_equal(db, results[0][1])
+
+
+def test_strided_and_transposed_inputs():
+    """Views that are not contiguous take the walk's gathering path; the sums are the same."""
+    op = opkit.get("fused_bias_leaky_relu")
+    rng = np.random.default_rng(4)
+    big = rng.standard_normal((2, 6, 40, 34)).astype(np.float32)
+    x = big[:, ::2, :, ::2]                                   # NCHW, strided
+    dy = np.ascontiguousarray(rng.standard_normal((2, 40, 17, 3)).astype(np.float32)).transpose(0, 3, 1, 2)
+    b = rng.standard_normal(6).astype(np.float32)[::2]
+    dx, db = op.backward(dy, x, b, layout="NCHW")
+    g, gb = _fused_bias_reference(x, b, dy, "NCHW")
+    np.testing.assert_allclose(db, gb, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, g, rtol=1e-6, atol=1e-7)
+
+
+def test_clipping_clamps_the_sum_not_its_terms():
+    """backward(clip=c) clamps each gradient once it is computed: dbias is the clamped sum of
+    the unclamped terms, as when the sum ran after the kernel."""
+    op = opkit.get("fused_bias_leaky_relu")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 20, 20))
+    dy = rng.standard_normal((2, 3, 20, 20))
+    b = np.array([0.5, -0.5, 0.0])
+    dx, db = op.backward(dy, x, b, layout="NCHW", clip=0.3)
+    g, gb = _fused_bias_reference(x, b, dy, "NCHW")
+    np.testing.assert_allclose(dx, np.clip(g, -0.3, 0.3), rtol=1e-14)
+    np.testing.assert_allclose(db, np.clip(gb, -0.3, 0.3), rtol=1e-12)
+    # the data tells the two apart: the sum of clamped terms is another number
+    assert not np.allclose(np.clip(g, -0.3, 0.3).sum(axis=(0, 2, 3)), np.clip(gb, -0.3, 0.3))
+
+
+def test_a_forward_sum_into_an_output(tmp_path):
+    """Sums that land in outputs (here forward ones) fold too, up to MAX_SUMS into one kernel."""
+    lines = ["name: folded_sums_probe",
+             "inputs:",
+             "  x: {dtypes: [float32, float64], layouts: [NCHW, NHWC]}",
+             "outputs:"]
+    forward = []
+    for i in range(MAX_SUMS + 1):
+        lines.append(f"  s{i}: {{}}")
+        forward.append(f"  s{i}: sum(x * {i + 1}.5, C)")
+    path = write_op(tmp_path, "\n".join(lines + ["forward:"] + forward) + "\n")
+    opkit.load(path)
+    op = opkit.get("folded_sums_probe")
+    kernels = [s for s in op.lowered().forward.steps if isinstance(s, Kernel)]
+    assert [len(k.sums) for k in kernels] == [MAX_SUMS]   # the one more stays a library call
+    assert [s.prim for s in op.lowered().forward.steps if isinstance(s, LibCall)].count("sum") == 1
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 3, 50, 70))
+    outs = op(x, layout="NCHW")
+    for i, s in enumerate(outs):
+        np.testing.assert_allclose(s, (x * (i + 1.5)).sum(axis=1), rtol=1e-13)
