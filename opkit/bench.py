@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -34,23 +35,28 @@ def _torch():
 
 
 def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2,
-          rounds: Optional[Dict[str, List[float]]] = None, shuffle=None) -> Dict[str, float]:
+          rounds: Optional[Dict[str, List[float]]] = None, shuffle=None,
+          budget: Optional[float] = None) -> Dict[str, float]:
     """Median seconds per call of each function, the functions interleaved round by round
     (each round's times are appended to `rounds` when it is given). `shuffle`: a NumPy
     Generator that orders each round anew, so no function always runs right after the same
-    other one (PyTorch's worker threads keep spinning for a while after its own calls)."""
+    other one (PyTorch's worker threads keep spinning for a while after its own calls).
+    `budget`: fewer rounds (at least 5) where `repeat` of them would take longer (seconds)."""
     fns = {k: f for k, f in fns.items() if f is not None}
     for _ in range(warmup):
         for f in fns.values():
             f()
     times: Dict[str, List[float]] = {k: [] for k in fns}
     # tiny calls are timed in batches so the clock's resolution does not matter
-    inner = {}
+    inner, per_round = {}, 0.0
     for k, f in fns.items():
         t0 = time.perf_counter()
         f()
         dt = time.perf_counter() - t0
         inner[k] = max(1, min(10000, int(2e-3 / max(dt, 1e-9))))
+        per_round += dt * inner[k]
+    if budget is not None:
+        repeat = max(5, min(repeat, int(budget / max(per_round, 1e-9))))
     for _ in range(repeat):
         order = list(fns)
         if shuffle is not None:
@@ -213,6 +219,67 @@ def _fused_bias_case(shape, dtype, rng):
     return fns, 2 * x.nbytes
 
 
+def _leaky_half_case(shape, rng, pass_):
+    """float16 into warm memory on both sides: opkit out= against aten's out= kernels."""
+    import opkit
+    op = opkit.get("leaky_relu")
+    torch, _ = _torch()
+    x = rng.standard_normal(shape).astype(np.float16)
+    dy = rng.standard_normal(shape).astype(np.float16)
+    y = np.empty_like(x)
+    if pass_ == "forward":
+        fns = {"opkit": lambda: op(x, alpha=0.2, out=y), "copy": lambda: np.copyto(y, x)}
+        if torch is not None:
+            tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+            fns["torch"] = lambda: torch._C._nn.leaky_relu(tx, 0.2, out=ty)
+        return fns, 2 * x.nbytes
+    out = (y,)
+    fns = {"opkit": lambda: op.backward(dy, x, alpha=0.2, out=out), "copy": lambda: np.copyto(y, x)}
+    if torch is not None:
+        tx, tdy, ty = torch.from_numpy(x), torch.from_numpy(dy), torch.from_numpy(y)
+        grad = torch.ops.aten.leaky_relu_backward.grad_input
+        fns["torch"] = lambda: grad(tdy, tx, 0.2, False, grad_input=ty)
+    return fns, 3 * x.nbytes, 2 * x.nbytes
+
+
+def _fused_bias_backward_case(shape, dtype, rng):
+    """dx and dbias (NHWC): opkit's backward against PyTorch autograd through the eager chain."""
+    import opkit
+    op = opkit.get("fused_bias_leaky_relu")
+    torch, F = _torch()
+    x = rng.standard_normal(shape).astype(dtype)
+    b = rng.standard_normal(shape[-1]).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    out = (np.empty_like(x), np.empty_like(b))
+    fns = {"opkit": lambda: op.backward(dy, x, b, layout="NHWC", clamp=256.0, out=out)}
+    if torch is not None:
+        tx = torch.from_numpy(x).requires_grad_()
+        tb = torch.from_numpy(b).requires_grad_()
+        y = (F.leaky_relu(tx + tb, 0.2) * math.sqrt(2)).clamp(-256, 256)
+        tdy = torch.from_numpy(dy)
+        fns["torch"] = lambda: torch.autograd.grad(y, (tx, tb), tdy, retain_graph=True)
+    return fns, 3 * x.nbytes
+
+
+def _conditional_pass_case(shape, dtype, rng, pass_):
+    """conditional_leaky_relu (NCHW) against the copy of the same bytes, both into warm memory."""
+    import opkit
+    cond = opkit.get("conditional_leaky_relu")
+    n, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    z = rng.standard_normal((n, 64)).astype(dtype)
+    wt = (rng.standard_normal((64, c)) * 0.1).astype(dtype)
+    b = rng.standard_normal(c).astype(dtype)
+    y, dst = np.empty_like(x), np.empty_like(x)
+    if pass_ == "forward":
+        return {"opkit": lambda: cond(x, z, wt, b, out=y), "copy": lambda: np.copyto(dst, x)}, \
+            2 * x.nbytes, 2 * x.nbytes
+    dy = rng.standard_normal(shape).astype(dtype)
+    out = tuple(np.empty_like(a) for a in (x, z, wt, b))
+    return {"opkit": lambda: cond.backward(dy, x, z, wt, b, out=out),
+            "copy": lambda: np.copyto(dst, x)}, 3 * x.nbytes, 2 * x.nbytes
+
+
 def _small_case(shape, dtype, rng):
     import opkit
     op = opkit.get("leaky_relu")
@@ -318,6 +385,23 @@ TARGETS = [
      (8, 64, 128, 128), "float32", "forward", [("vs leaky_relu (time ratio >= 1/1.3)", "opkit leaky_relu", "opkit", 1 / 1.3)]),
     ("fused_bias_leaky_relu NHWC [8,128,128,64]", lambda r: _fused_bias_case((8, 128, 128, 64), np.float32, r),
      (8, 128, 128, 64), "float32", "forward", [("vs numpy chain", "numpy", "opkit", 3.0), ("vs torch eager chain", "torch", "opkit", 1.5)]),
+    ("leaky_relu float16, 16M, out=", lambda r: _leaky_half_case((M16,), r, "forward"), (M16,),
+     "float16", "forward", [("vs copy bandwidth", "copy", "opkit", 0.85), ("vs torch out=", "torch", "opkit", 1.0)]),
+    ("leaky_relu float16 backward, 16M, out=", lambda r: _leaky_half_case((M16,), r, "backward"), (M16,),
+     "float16", "backward", [("vs copy bandwidth", "copy", "opkit", 0.85),
+                             ("vs torch leaky_relu_backward(grad_input=)", "torch", "opkit", 1.0)]),
+    ("fused_bias_leaky_relu backward NHWC [8,128,128,64] float32",
+     lambda r: _fused_bias_backward_case((8, 128, 128, 64), np.float32, r), (8, 128, 128, 64), "float32",
+     "backward", [("vs torch autograd (dx, dbias)", "torch", "opkit", 3.0)]),
+    ("fused_bias_leaky_relu backward NHWC [8,128,128,64] float16",
+     lambda r: _fused_bias_backward_case((8, 128, 128, 64), np.float16, r), (8, 128, 128, 64), "float16",
+     "backward", [("vs torch autograd (dx, dbias)", "torch", "opkit", 3.0)]),
+    ("conditional_leaky_relu forward NCHW [8,64,128,128], out=",
+     lambda r: _conditional_pass_case((8, 64, 128, 128), np.float32, r, "forward"), (8, 64, 128, 128),
+     "float32", "forward", [("vs copy bandwidth", "copy", "opkit", 0.85)]),
+    ("conditional_leaky_relu backward NCHW [8,64,128,128], out=",
+     lambda r: _conditional_pass_case((8, 64, 128, 128), np.float32, r, "backward"), (8, 64, 128, 128),
+     "float32", "backward", [("vs copy bandwidth", "copy", "opkit", 0.85)]),
     ("torch.ops.opkit.leaky_relu float32, 16M", lambda r: _torch_call_case(M16, r), (M16,), "float32",
      "forward", [("vs the NumPy-level call (time <= 1.05x)", "opkit numpy", "opkit", 1 / 1.05),
                  ("vs torch F.leaky_relu", "torch", "opkit", 1.0)], SHUFFLED),
@@ -400,57 +484,118 @@ def _shape_for(size: int, layout: str) -> Tuple[int, ...]:
 
 
 def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts: List[str],
-                 passes: List[str], repeat: int, rng) -> List[Row]:
-    """Each operator on inputs shaped like its first input, against the copy of the same bytes
-    and NumPy running the same graph in the same dtype."""
+                 passes: List[str], repeat: int, rng, budget: float = 1.0,
+                 progress=None) -> List[Row]:
+    """Each operator on inputs shaped like its first input, against the copy of the same bytes,
+    NumPy running the same graph in the same dtype and PyTorch's own kernels where PyTorch has
+    the computation (bench_torch.py). Every side writes into memory it has written before
+    (opkit and the copy through out=), so page faults are nobody's. Each case takes about
+    `budget` seconds (at least 5 rounds); `progress(text)` hears of each case as it starts."""
+    import opkit
+    cases = [(name, layout, size, dtype, pass_)
+             for name in names for layout in _layouts_of(opkit.get(name), layouts)
+             for size in sizes for dtype in dtypes if dtype in opkit.get(name).spec.dtypes
+             for pass_ in passes]
+    rows = []
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # (FusionWarning at build: `opkit show` tells it)
+        for i, case in enumerate(cases):
+            if progress is not None:
+                progress(f"[{i + 1}/{len(cases)}] {case[0]} {case[4]} {case[1]} {_size_text(case[2])} {case[3]}")
+            row = _generic_row(*case, repeat, rng, budget)
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+def _layouts_of(op, layouts: List[str]) -> List[str]:
+    return [l for l in layouts if l in op.spec.layouts] or [op.spec.layouts[0]]
+
+
+def _size_text(n: int) -> str:
+    return f"{n >> 20}M" if n >= 1 << 20 and n % (1 << 20) == 0 else \
+        f"{n >> 10}K" if n >= 1 << 10 and n % (1 << 10) == 0 else str(n)
+
+
+# sizes of the dims an operator's other inputs have beyond N, C, H, W (a conv's kernel, a z)
+_OTHER_DIMS = {"KH": 3, "KW": 3, "R": 3, "S": 3}
+
+
+def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget) -> Optional[Row]:
     import opkit
     from .runtime.bind import bind
     from .validate.cases import default_attrs
     from .validate.reference import evaluate
-    rows = []
-    for name in names:
-        op = opkit.get(name)
-        attrs = default_attrs(op.spec)
-        for layout in [l for l in layouts if l in op.spec.layouts] or [op.spec.layouts[0]]:
-            for size in sizes:
-                for dtype in [d for d in dtypes if d in op.spec.dtypes]:
-                    shape = _shape_for(size, layout)
-                    inputs = {}
-                    for i in op.spec.inputs:
-                        if i.shape:
-                            dims = dict(zip(("N", "C", "H", "W"), shape if layout != "NHWC" else
-                                            (shape[0], shape[3], shape[1], shape[2])))
-                            s = tuple(dims.get(d, 16) for d in i.shape)
-                        else:
-                            s = shape
-                        lo, hi = i.domain
-                        inputs[i.name] = rng.uniform(lo, hi, s).astype(dtype)
-                    main = inputs[op.spec.inputs[0].name]
-                    dst = np.empty_like(main)
-                    for pass_ in passes:
-                        if pass_ == "backward" and not op.graphs.differentiable:
-                            continue
-                        if pass_ == "forward":
-                            bound = bind(op.spec, {**inputs, **attrs}, layout, name)
-                            graph = op.graphs.forward
-                            fn = lambda: op(**inputs, **attrs, layout=layout)
-                            nbytes = sum(a.nbytes for a in inputs.values()) + main.nbytes * len(op.spec.outputs)
-                        else:
-                            dys = tuple(np.ones(bound.outputs[o.name][1], dtype) for o in op.spec.outputs)
-                            extra = [(f"d{o.name}", d, o.name) for o, d in zip(op.spec.outputs, dys)]
-                            bound = bind(op.spec, {**inputs, **attrs}, layout, name, extra)
-                            graph = op.graphs.backward
-                            dy = dys if len(dys) > 1 else dys[0]
-                            fn = lambda: op.backward(dy, **inputs, **attrs, layout=layout)
-                            nbytes = 2 * sum(a.nbytes for a in inputs.values()) + sum(d.nbytes for d in dys)
-                        values = dict(bound.values)
-                        fns = {"opkit": fn, "copy": lambda: np.copyto(dst, main),
-                               "numpy": lambda: evaluate(graph, values, bound.attrs, dtype=np.dtype(dtype))}
-                        t = timed(fns, repeat)
-                        # the copy moves one input's bytes; scale it to this call's traffic
-                        t["copy"] *= nbytes / (2 * main.nbytes)
-                        rows.append(Row(f"{name} {pass_} {layout} {size}", name, pass_, dtype, shape, nbytes, t))
-    return rows
+    op = opkit.get(name)
+    if pass_ == "backward" and not op.graphs.differentiable:
+        return None
+    attrs = default_attrs(op.spec)
+    shape = _shape_for(size, layout)
+    logical = dict(zip(("N", "C", "H", "W"), shape if layout != "NHWC" else
+                       (shape[0], shape[3], shape[1], shape[2])))
+    inputs = {}
+    for i in op.spec.inputs:
+        s = tuple(d if isinstance(d, int) else logical.get(d, _OTHER_DIMS.get(d, 16))
+                  for d in i.shape) if i.shape else shape
+        lo, hi = i.domain
+        inputs[i.name] = rng.uniform(max(lo, -4.0), min(hi, 4.0), s).astype(dtype)
+    main = inputs[op.spec.inputs[0].name]
+    kw = dict(inputs, **attrs)
+    if op.spec.layouts[0] != "ND":
+        kw["layout"] = layout
+    bound = bind(op.spec, {**inputs, **attrs}, layout, name)
+    if pass_ == "forward":
+        outs = tuple(np.empty(bound.outputs[o.name][1], dtype) for o in op.spec.outputs)
+        fn = lambda: op(**kw, out=outs if len(outs) > 1 else outs[0])
+        nbytes = sum(a.nbytes for a in inputs.values()) + sum(o.nbytes for o in outs)
+        graph, values = op.graphs.forward, dict(bound.values)
+        dys, grads = None, None
+    else:
+        dys = tuple(rng.standard_normal(bound.outputs[o.name][1]).astype(dtype) for o in op.spec.outputs)
+        extra = [(f"d{o.name}", d, o.name) for o, d in zip(op.spec.outputs, dys)]
+        bound = bind(op.spec, {**inputs, **attrs}, layout, name, extra)
+        takes = op.graphs.differentiable
+        grads = tuple(np.empty_like(inputs[n]) if n in takes else None for n in op.spec.input_names)
+        dy = dys if len(dys) > 1 else dys[0]
+        fn = lambda: op.backward(dy, **kw, out=grads)
+        nbytes = (sum(a.nbytes for a in inputs.values()) + sum(d.nbytes for d in dys)
+                  + sum(g.nbytes for g in grads if g is not None))
+        graph, values = op.graphs.backward, dict(bound.values)
+    dst = np.empty_like(main)
+    fns = {"opkit": fn, "copy": lambda: np.copyto(dst, main),
+           "numpy": lambda: evaluate(graph, values, bound.attrs, dtype=np.dtype(dtype))}
+    fns["torch"] = _torch_column(op, pass_, bound, attrs, dys, grads, layout)
+    t = timed(fns, repeat, budget=budget)
+    # the copy moves one input's bytes twice (read, write); scale it to this call's traffic
+    t["copy"] *= nbytes / (2 * main.nbytes)
+    return Row(f"{name} {pass_} {layout} {_size_text(size)}", name, pass_, dtype, shape, nbytes, t)
+
+
+def _torch_column(op, pass_, bound, attrs, dys, grads, layout):
+    """PyTorch's computation of the same call over the same memory, or None."""
+    torch, _ = _torch()
+    if torch is None or (dys is not None and len(dys) != 1):
+        return None
+    from .bench_torch import torch_pass
+    from .dsl import named
+    x_arr, x_names = bound.values[op.spec.inputs[0].name]
+    tensors, raw = {}, {}
+    for name, (arr, names) in bound.values.items():
+        if name not in op.spec.input_names:
+            continue  # an output gradient
+        raw[name] = torch.from_numpy(arr)
+        shaped = bool(op.spec.input(name).shape) and all(n in x_names for n in names)
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(
+            named.expand_to(arr, names, x_names) if shaped else arr))
+
+    def aligned(t, dims):
+        order = [d for d in x_names if d in dims]
+        t = t.permute(*[dims.index(d) for d in order])
+        return t.reshape([t.shape[order.index(d)] if d in order else 1 for d in x_names])
+
+    dy = torch.from_numpy(dys[0]) if dys is not None else None
+    gouts = [torch.from_numpy(g) for g in grads if g is not None] if grads is not None else None
+    return torch_pass(op.name, pass_, tensors, dict(attrs), dy, gouts, aligned, raw)
 
 
 # ------------------------------------------------------------------------------- reports
@@ -525,6 +670,7 @@ def plot(rows: List[Row], path: str) -> None:
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="time kernels against the copy bandwidth, NumPy and PyTorch")
     b.add_argument("names", nargs="*", help="operators to time (default: the performance targets)")
+    b.add_argument("--all", action="store_true", help="time every registered operator")
     from .cli import add_path_option
     add_path_option(b)
     b.add_argument("--sizes", default="16,64K,16M", help="elements per input, e.g. 16,64K,16M")
@@ -537,6 +683,15 @@ def add_parser(sub) -> None:
     b.add_argument("--json", default="", help="write the results here (default: bench-<date>.json)")
     b.add_argument("--plot", default="", metavar="PNG", help="draw a chart (needs matplotlib)")
     b.set_defaults(func=main)
+
+
+def _progress(text: str) -> None:
+    """One line per case on stderr (overwritten in place on a terminal)."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + text)
+    else:
+        sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def main(args) -> int:
@@ -552,12 +707,15 @@ def main(args) -> int:
     print(f"# {info['cpu']}, {info['cores']} cores, {info['threads']} threads; {info['target']}")
     print(f"# numpy {info['numpy']}, torch {info['torch'] or 'not installed'}, opkit {info['opkit']}")
     results: List[TargetResult] = []
-    if args.names:
-        rows = generic_rows(args.names, [_parse_size(s) for s in args.sizes.split(",")],
+    if args.names or args.all:
+        names = list(args.names) + (opkit.list_ops() if args.all else [])
+        rows = generic_rows(list(dict.fromkeys(names)), [_parse_size(s) for s in args.sizes.split(",")],
                             args.dtypes.split(","), args.layouts.split(","), args.passes.split(","),
-                            args.repeat, rng)
+                            args.repeat, rng, progress=_progress)
     else:
         rows, results = run_targets(args.repeat, rng)
+    if (args.names or args.all) and sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
     print(format_rows(rows))
     notes = torch_notes(rows)
     if notes:

@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from opkit import bench
 from opkit.cli import main
@@ -11,8 +12,10 @@ def test_generic_bench_writes_rows(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["bench", "leaky_relu", "spatial_leaky_relu", "--sizes", "16,40K", "--dtypes",
                  "float32,float16", "--layouts", "ND,NHWC", "--repeat", "2", "--json", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "leaky_relu forward ND 16" in text and "spatial_leaky_relu backward NHWC 40960" in text
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "leaky_relu forward ND 16" in text and "spatial_leaky_relu backward NHWC 40K" in text
+    assert "[1/" in captured.err and "spatial_leaky_relu backward NHWC 40K float16" in captured.err
     data = json.loads(out.read_text())
     assert data["machine"]["cores"] >= 1 and data["machine"]["numpy"] == np.__version__
     rows = data["rows"]
@@ -38,3 +41,43 @@ def test_timed_takes_medians_of_interleaved_rounds():
     t = bench.timed({"a": lambda: calls.append("a"), "b": lambda: calls.append("b"), "none": None}, 3)
     assert set(t) == {"a", "b"} and all(v >= 0 for v in t.values())
     assert calls[:4] == ["a", "b", "a", "b"]
+
+
+def _torch_column_case(name, layout, pass_, dtype="float64"):
+    """The torch column's call and opkit's result for the same inputs."""
+    import opkit
+    from opkit.runtime.bind import bind
+    from opkit.validate.cases import default_attrs
+    op = opkit.get(name)
+    rng = np.random.default_rng(7)
+    attrs = default_attrs(op.spec)
+    shape = (2, 3, 4, 5) if layout == "NCHW" else (2, 4, 5, 3)
+    logical = {"N": 2, "C": 3, "H": 4, "W": 5}
+    inputs = {i.name: rng.uniform(-2, 2, tuple(d if isinstance(d, int) else logical.get(d, 6)
+                                                  for d in i.shape) if i.shape else shape).astype(dtype)
+              for i in op.spec.inputs}
+    kw = dict(inputs, **attrs, layout=layout)
+    if pass_ == "forward":
+        b = bind(op.spec, {**inputs, **attrs}, layout, name)
+        return bench._torch_column(op, pass_, b, attrs, None, None, layout), op(**kw)
+    dy = rng.standard_normal(shape).astype(dtype)
+    b = bind(op.spec, {**inputs, **attrs}, layout, name, [("dy", dy, "y")])
+    grads = tuple(np.empty_like(inputs[n]) for n in op.spec.input_names)
+    return bench._torch_column(op, pass_, b, attrs, (dy,), grads, layout), op.backward(dy, **kw)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("name", ["leaky_relu", "spatial_leaky_relu", "conditional_leaky_relu",
+                                  "fused_bias_leaky_relu"])
+def test_the_torch_column_computes_what_opkit_does(name, layout):
+    """The bench compares like with like: PyTorch's call gives opkit's numbers."""
+    torch = pytest.importorskip("torch")
+    fn, expected = _torch_column_case(name, layout, "forward")
+    np.testing.assert_allclose(fn().numpy(), expected, rtol=1e-12, atol=1e-14)
+    fn, expected = _torch_column_case(name, layout, "backward")
+    got = fn()
+    got = [got] if isinstance(got, torch.Tensor) else list(got)
+    expected = [e for e in expected if e is not None]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g.numpy().reshape(e.shape), e, rtol=1e-12, atol=1e-14)
