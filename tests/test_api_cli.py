@@ -118,7 +118,7 @@ def test_cli_build_list_show_validate_clean(tmp_path, capsys, monkeypatch):
     shown = capsys.readouterr().out
     for needle in ("## declaration", "dx = sum_to(where(x > 0, dy, dy * alpha), x)", "derived",
                    "vcmpgt", "vmuls", "vsel", "vectorized", "@generated from templates/module.pyx.j2",
-                   "schedule: tile 1024"):
+                   "schedule: tile 256"):
         assert needle in shown, needle
     assert main(["validate", "leaky_relu"]) == 0
     assert "forward float16" in capsys.readouterr().out
