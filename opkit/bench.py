@@ -280,6 +280,46 @@ def _conditional_pass_case(shape, dtype, rng, pass_):
             "copy": lambda: np.copyto(dst, x)}, 3 * x.nbytes, 2 * x.nbytes
 
 
+def _freq_case(shape, rng, pass_):
+    """freq_leaky_relu (NCHW, up=2) against the same computation in torch.fft: rfft2,
+    zero-padding, irfft2, LeakyReLU, rfft2, cropping, irfft2 (the backward through autograd)."""
+    import opkit
+    op = opkit.get("freq_leaky_relu")
+    torch, F = _torch()
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    y = np.empty_like(x)
+    if pass_ == "forward":
+        fns = {"opkit": lambda: op(x, out=y)}
+    else:
+        out = (np.empty_like(x),)
+        fns = {"opkit": lambda: op.backward(dy, x, out=out)}
+    if torch is None:
+        return fns, 2 * x.nbytes
+    h, w = shape[2:]
+
+    def pipeline(t):
+        spec = torch.fft.rfft2(t)
+        big = torch.zeros(shape[:2] + (2 * h, w + 1), dtype=spec.dtype)
+        big[..., : h // 2, : w // 2 + 1] = spec[..., : h // 2, :]
+        big[..., -(h // 2):, : w // 2 + 1] = spec[..., -(h // 2):, :]
+        u = torch.fft.irfft2(big, s=(2 * h, 2 * w)) * 4
+        a = F.leaky_relu(u, 0.2)
+        s2 = torch.fft.rfft2(a)
+        crop = torch.cat([s2[..., : h // 2, : w // 2 + 1], s2[..., -(h // 2):, : w // 2 + 1]], dim=-2)
+        return torch.fft.irfft2(crop, s=(h, w)) / 4
+
+    tx = torch.from_numpy(x)
+    if pass_ == "forward":
+        fns["torch"] = lambda: pipeline(tx)
+    else:
+        leaf = tx.clone().requires_grad_()
+        ty = pipeline(leaf)
+        tdy = torch.from_numpy(dy)
+        fns["torch"] = lambda: torch.autograd.grad(ty, (leaf,), tdy, retain_graph=True)
+    return fns, 2 * x.nbytes
+
+
 def _small_case(shape, dtype, rng):
     import opkit
     op = opkit.get("leaky_relu")
@@ -402,6 +442,10 @@ TARGETS = [
     ("conditional_leaky_relu backward NCHW [8,64,128,128], out=",
      lambda r: _conditional_pass_case((8, 64, 128, 128), np.float32, r, "backward"), (8, 64, 128, 128),
      "float32", "backward", [("vs copy bandwidth", "copy", "opkit", 0.85)]),
+    ("freq_leaky_relu forward NCHW [8,64,64,64]", lambda r: _freq_case((8, 64, 64, 64), r, "forward"),
+     (8, 64, 64, 64), "float32", "forward", [("vs the torch.fft pipeline", "torch", "opkit", 1.0)]),
+    ("freq_leaky_relu backward NCHW [8,64,64,64]", lambda r: _freq_case((8, 64, 64, 64), r, "backward"),
+     (8, 64, 64, 64), "float32", "backward", [("vs the torch.fft pipeline (autograd)", "torch", "opkit", 1.0)]),
     ("torch.ops.opkit.leaky_relu float32, 16M", lambda r: _torch_call_case(M16, r), (M16,), "float32",
      "forward", [("vs the NumPy-level call (time <= 1.05x)", "opkit numpy", "opkit", 1 / 1.05),
                  ("vs torch F.leaky_relu", "torch", "opkit", 1.0)], SHUFFLED),

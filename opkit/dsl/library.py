@@ -250,6 +250,18 @@ def matmul(a: Node, b: Node) -> Node:
 
 # ------------------------------------------------------------------------------ DFT resampling
 
+def _fft():
+    """SciPy's FFT on opkit's threads when it is installed (the same pocketfft as NumPy's, which
+    runs one thread; each 1-d transform is computed alike, so results do not depend on the
+    thread count), else NumPy's."""
+    try:
+        import scipy.fft
+    except ImportError:
+        return np.fft, {}
+    from ..config import get
+    return scipy.fft, {"workers": get("num_threads")}
+
+
 def resample(x: np.ndarray, axis: int, n_out: int, nyquist: float, scale: float) -> np.ndarray:
     """Band-limited resampling of a real signal along `axis` in the DFT domain.
 
@@ -262,7 +274,8 @@ def resample(x: np.ndarray, axis: int, n_out: int, nyquist: float, scale: float)
         shape = list(x.shape)
         shape[axis] = n_out
         return (x * scale).reshape(shape) if n_in == n_out else np.zeros(shape, x.dtype)
-    spec = np.fft.rfft(x, axis=axis)
+    fft, kw = _fft()
+    spec = fft.rfft(x, axis=axis, **kw)
     short = min(n_in, n_out)
     shape = list(spec.shape)
     shape[axis] = n_out // 2 + 1
@@ -275,7 +288,7 @@ def resample(x: np.ndarray, axis: int, n_out: int, nyquist: float, scale: float)
         nyq[axis] = short // 2
         nyq = tuple(nyq)
         out[nyq] = (spec[nyq] if n_out > n_in else spec[nyq].real) * nyquist
-    result = np.fft.irfft(out, n=n_out, axis=axis)
+    result = fft.irfft(out, n=n_out, axis=axis, **kw)
     return (result * scale).astype(x.dtype, copy=False)
 
 
