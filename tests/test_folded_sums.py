@@ -127,3 +127,45 @@ def test_a_forward_sum_into_an_output(tmp_path):
     outs = op(x, layout="NCHW")
     for i, s in enumerate(outs):
         np.testing.assert_allclose(s, (x * (i + 1.5)).sum(axis=1), rtol=1e-13)
+
+
+@pytest.mark.parametrize("dtype, rtol", [("float64", 1e-13), ("float32", 1e-6), ("float16", 2e-3)])
+@pytest.mark.parametrize("c", [1, 3, 64, 300, 700])
+def test_rows_of_a_repeated_channel_vector_are_grouped_alike(dtype, rtol, c):
+    """NHWC with a per-channel bias: rows of C grouped into long runs (the bias row repeated,
+    as float16 where it is float16), against NumPy, with strided views on both sides."""
+    op = opkit.get("fused_bias_leaky_relu")
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((2, 5, 7, c)).astype(dtype)
+    xs = rng.standard_normal((2, 5, 14, c)).astype(dtype)[:, :, ::2]      # strided pixels
+    bias = rng.standard_normal(2 * c).astype(dtype)[::2]                    # a strided bias
+    for xin in (x, xs):
+        y = op(xin, bias, layout="NHWC")
+        v = xin.astype(np.float64) + bias.astype(np.float64)
+        expected = np.where(v > 0, v, 0.2 * v) * SQRT2
+        np.testing.assert_allclose(y, expected, rtol=rtol, atol=rtol)
+        dy = rng.standard_normal(xin.shape).astype(dtype)
+        dx, db = op.backward(dy, xin, bias, layout="NHWC")
+        g, gb = _fused_bias_reference(xin, bias, dy, "NHWC")
+        np.testing.assert_allclose(dx, g, rtol=rtol, atol=rtol)
+        np.testing.assert_allclose(db, gb, rtol=rtol, atol=rtol * np.sqrt(xin.size))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_per_pixel_slope_over_channels(dtype):
+    """NHWC with a slope per pixel (broadcast over C): spread per row, float16 as float16."""
+    op = opkit.get("spatial_leaky_relu")
+    rng = np.random.default_rng(9)
+    for c in (3, 64, 600):
+        x = rng.standard_normal((2, 6, 5, c)).astype(dtype)
+        amap = rng.uniform(0.1, 0.3, (2, 6, 5, 1)).astype(dtype)
+        y = op(x, amap, layout="NHWC")
+        xd, ad = x.astype(np.float64), amap.astype(np.float64)
+        tol = 2e-3 if dtype == "float16" else 1e-6   # (float16's subnormals: atol)
+        np.testing.assert_allclose(y, np.where(xd > 0, xd, ad * xd), rtol=tol, atol=tol * 1e-3)
+        dy = rng.standard_normal(x.shape).astype(dtype)
+        dx, da = op.backward(dy, x, amap, layout="NHWC")
+        dyd = dy.astype(np.float64)
+        np.testing.assert_allclose(dx, np.where(xd > 0, dyd, ad * dyd), rtol=2e-3, atol=2e-3)
+        expected = np.where(xd > 0, 0.0, dyd * xd).sum(axis=3, keepdims=True)
+        np.testing.assert_allclose(da, expected, rtol=5e-3, atol=5e-3 * np.sqrt(c))
