@@ -575,6 +575,7 @@ typedef struct {
     opk_tile_fn htile;         /* NULL, or the element loop on float16 operands (stored as they
                                 * are; converted in registers): contiguous, or inputs of step 0 */
     opk_tile_fn htile_f;       /* the same with float outputs (for the sums folded in) */
+    uint64_t discard;          /* bit o: output operand o is not stored (only a folded sum reads it) */
 } opk_kernel;
 
 /* geometry, built by opkit/runtime/geometry.py as an intp array:
@@ -667,9 +668,10 @@ static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_
 /* Every operand float16 and contiguous (inputs may be broadcast along the run, step 0). */
 static inline int opk_all_half(const opk_kernel *k, const Py_ssize_t *step, const int *code)
 {
-    for (int o = 0; o < k->nops; o++)  /* (an output of step 0 is not stored: any type) */
-        if (!(step[o] == 0 && o >= k->nin) && (code[o] != OPK_F16 || !(step[o] == 2 || step[o] == 0)))
-            return 0;
+    for (int o = 0; o < k->nops; o++) {
+        if (o >= k->nin && (k->discard >> o & 1)) continue;  /* not stored: any type */
+        if (code[o] != OPK_F16 || !(step[o] == 2 || (o < k->nin && step[o] == 0))) return 0;
+    }
     return 1;
 }
 
@@ -697,7 +699,8 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     for (Py_ssize_t i = 0; i < n; i += len) {
         const Py_ssize_t m = n - i < len ? n - i : len;
         for (int o = 0; o < k->nops; o++)
-            t[o] = (o >= k->nin && k->nacc) || step[o] == 0 ? scratch + o * len * 4 : ptr[o] + i * 2;
+            t[o] = o >= k->nin ? (k->nacc ? scratch + o * len * 4 : ptr[o] + i * 2)
+                               : (step[o] == 0 ? scratch + o * len * 4 : ptr[o] + i * 2);
         if (k->nacc == 0) {
             k->htile(m, t, k->ctx);
             continue;
@@ -707,14 +710,14 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
             opk_accum_rows(OPK_F32, ptr[k->nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
                            step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i);
         for (int o = k->nin; o < k->nops; o++)
-            if (step[o] != 0) opk_f2h_contig((uint16_t *)(ptr[o] + i * 2), (const float *)t[o], m);
+            if (!(k->discard >> o & 1)) opk_f2h_contig((uint16_t *)(ptr[o] + i * 2), (const float *)t[o], m);
     }
 }
 
 /* One row piece: operands stored in the compute type with unit stride are used in place, the
  * others are converted or gathered into tiles of `scratch` (nops x tile_len elements); an input
  * broadcast along the run (step 0) is filled into its tile once; long runs into memory the
- * caller gave are computed into a tile and streamed out; an output with step 0 is not stored
+ * caller gave are computed into a tile and streamed out; an output in k->discard is not stored
  * (only a folded sum reads it). Folded sums (operands nops .. nops + nacc) take each tile while
  * it is in cache: the run is `inner`-element rows, the sums' partials move on by acc_rs a row. */
 static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
@@ -757,7 +760,7 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
                            inner, i % inner, t[k->acc_src[a]], m, pos + i);
         for (int o = nin; o < nops; o++) {
             if (direct[o] && streaming) opk_stream_c(cc, ptr[o] + i * step[o], t[o], m);
-            else if (!direct[o] && step[o] != 0)
+            else if (!direct[o] && !(k->discard >> o & 1))
                 opk_store_c(cc, ptr[o] + i * step[o], step[o], code[o], t[o], m);
         }
     }

@@ -31,6 +31,7 @@ cdef extern from "opkit_kernel.h" nogil:
         Py_ssize_t acc_slot
         opk_tile_fn htile
         opk_tile_fn htile_f
+        uint64_t discard
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
     void opk_f2h_block(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
@@ -51,7 +52,7 @@ cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row
     cdef opk_kernel k
     k.tile, k.rows, k.row_masks, k.ctx = tile, rows, row_masks, ctx
     k.nin, k.nops, k.ccode, k.tile_len, k.stream = nin, nops, ccode, tile_len, stream
-    k.nacc, k.acc_slot, k.htile, k.htile_f = 0, 0, NULL, NULL
+    k.nacc, k.acc_slot, k.htile, k.htile_f, k.discard = 0, 0, NULL, NULL, 0
     return k
 
 

@@ -164,6 +164,7 @@ class Executor:
         ins = [env[v] for v in step.inputs]
         landed = set()   # outputs of the kernel that are an output array as they are
         summed = []      # the folded sums this call adds up in the pass
+        discard = 0      # operand bits of the outputs only those sums read: not stored
         for vid in step.outputs:
             if vid in env:
                 continue
@@ -184,9 +185,9 @@ class Executor:
                 if ident is not None:
                     landed.add(vid)
                 else:
-                    env[vid] = (np.broadcast_to(np.empty((), st.temp_dtype),
-                                                self._temp_shape(ins, step.inputs)[1]),
-                                self._temp_shape(ins, step.inputs)[0])
+                    nm, shape = self._temp_shape(ins, step.inputs)
+                    env[vid] = (np.broadcast_to(np.empty((), st.temp_dtype), shape), nm)
+                    discard |= 1 << (len(step.inputs) + step.outputs.index(vid))
                 summed += [c for c in folded if c is not ident]
                 continue
             env[vid] = self._temp(ins, step.inputs, st.temp_dtype)
@@ -207,7 +208,8 @@ class Executor:
             clips = tuple((-np.inf, np.inf) if v in sources else c for v, c in zip(step.outputs, clips))
         self._kernel(step, env, bound, st.module, st.tag,
                      any(v in st.out_arrays for v in step.outputs), clips,
-                     [(step.outputs.index(c.args[0]), partial) for c, partial in zip(summed, sums)])
+                     [(step.outputs.index(c.args[0]), partial) for c, partial in zip(summed, sums)],
+                     discard)
         for v in later:
             np.clip(env[v][0], -clip, clip, out=env[v][0])
         for c, (partial, names) in zip(summed, sums):
@@ -354,7 +356,8 @@ class Executor:
         return np.empty(shape, dtype=dtype), nm
 
     def _kernel(self, k: Kernel, env: Dict[Value, Array], bound: Bound, module, tag: str,
-                warm: bool, clips=None, sums: Sequence[Tuple[int, Array]] = ()) -> None:
+                warm: bool, clips=None, sums: Sequence[Tuple[int, Array]] = (),
+                discard: int = 0) -> None:
         """`sums`: (output index, partial sums) of the sums folded into `k` that this call adds
         up (their first chunk's row is the operand; the kernel moves on a row per chunk)."""
         out_arr, iter_names = env[k.outputs[0]]
@@ -378,7 +381,7 @@ class Executor:
         extra = {}
         if sums:
             extra = {"sums": tuple(len(k.inputs) + i for i, _ in sums),
-                     "sum_slot": sums[0][1][0].strides[0]}
+                     "sum_slot": sums[0][1][0].strides[0], "discard": discard}
         fn(*args, clips, **extra) if clips is not None else fn(*args, **extra)
 
     def _geometry(self, k: Kernel, operands, iter_names, iter_shape, ccode: int,

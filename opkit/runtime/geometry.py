@@ -42,9 +42,9 @@ def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequ
             out_shape.append(n)
             for k in range(nops):
                 out_strides[k].append(strides[k][d])
-    if not out_shape:  # one element: every operand a run of one (a step of 0 is an output
-        out_shape = [1]  # that is not stored, opk_segment)
-        out_strides = [[itemsizes[k]] for k in range(nops)]
+    if not out_shape:
+        out_shape = [1]
+        out_strides = [[0] for _ in range(nops)]
     tdim = _transposed_dim(out_shape, out_strides, itemsizes, lead) if transpose else -1
     flat = [len(out_shape), nops, nout, tdim, ccode] + out_shape
     for s in out_strides:
