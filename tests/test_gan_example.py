@@ -232,3 +232,57 @@ def test_sample_grid_without_matplotlib_says_so(tmp_path, monkeypatch):
     assert said == [f"not writing {tmp_path / 's.png'}: the sample grid needs matplotlib "
                     "(pip install matplotlib)"]
     assert not (tmp_path / "s.png").exists()
+
+
+# ----------------------------------------------------------------------------- compare.py
+
+compare = importlib.import_module("compare")
+
+
+def run(variant, seed, score, seconds):
+    return {"variant": variant, "seed": seed, "score": score, "median_seconds_per_step": seconds}
+
+
+def test_compare_summary_and_sentences():
+    metrics = [run("plain", s, x, 0.10) for s, x in enumerate([100.0, 104.0, 96.0])]
+    metrics += [run("spatial", s, x, 0.115) for s, x in enumerate([92.0, 94.0, 93.0])]
+    metrics.append({"variant": "optimized", "seed": 0, "error": "needs opkit.torch.optimize"})
+    s = compare.summarize(metrics)
+    assert s["plain"]["score"] == 100.0 and s["plain"]["score_std"] == 4.0
+    assert s["spatial"]["seconds"] == pytest.approx(0.115)
+    assert s["optimized"]["errors"] and "score" not in s["optimized"]
+    text = compare.spatial_sentence(s)
+    assert "lowered the digits FID by 7.0%" in text and "+15% time" in text
+    assert "this is close to the ~7% better" in text
+    # the same means with a spread that covers the difference: not a finding
+    noisy = [run("plain", s, x, 0.1) for s, x in enumerate([80.0, 120.0, 100.0])]
+    noisy += [run("spatial", s, x, 0.115) for s, x in enumerate([70.0, 110.0, 99.0])]
+    assert "does not show an improvement either way" in compare.spatial_sentence(compare.summarize(noisy))
+    assert "this is not" in compare.spatial_sentence(compare.summarize(noisy))
+    bench = {"optimized_error": "needs opkit.torch.optimize", "eval": {}, "train": {}}
+    assert compare.optimized_sentence(s, bench) == (
+        "**optimized vs torch:** not measured in this run: needs opkit.torch.optimize.")
+    bench = {"optimized_error": None,
+             "eval": {"torch": {"speedup": 1.0}, "torch channels_last": {"speedup": 1.2},
+                      "optimized": {"speedup": 1.5}},
+             "train": {"torch": {"speedup": 1.0}, "torch channels_last": {"speedup": 1.1},
+                       "optimized": {"speedup": 1.21}}}
+    text = compare.optimized_sentence(s, bench)
+    assert "1.50× as fast as `torch` and a training step 1.21× as fast" in text
+    assert "(1.25× and 1.10× against `torch` in channels_last)" in text
+
+
+def test_compare_keeps_the_hand_written_page(tmp_path):
+    doc = tmp_path / "gan.md"
+    doc.write_text(f"# Title\n\nabove\n\n{compare.BEGIN}\nold\n{compare.END}\n\nbelow\n")
+    compare.write_doc(doc, f"{compare.BEGIN}\nnew\n{compare.END}")
+    assert doc.read_text() == f"# Title\n\nabove\n\n{compare.BEGIN}\nnew\n{compare.END}\n\nbelow\n"
+    fresh = tmp_path / "fresh.md"
+    compare.write_doc(fresh, f"{compare.BEGIN}\nnew\n{compare.END}")
+    assert fresh.read_text().endswith(f"{compare.BEGIN}\nnew\n{compare.END}\n")
+
+
+def test_the_page_says_what_the_score_is():
+    page = (REPO / "docs" / "gan.md").read_text()
+    assert "not of Inception-v3" in page and "digits-specific FID" in page
+    assert page.count(compare.BEGIN) == 1 and page.count(compare.END) == 1
