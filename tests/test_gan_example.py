@@ -286,3 +286,13 @@ def test_the_page_says_what_the_score_is():
     page = (REPO / "docs" / "gan.md").read_text()
     assert "not of Inception-v3" in page and "digits-specific FID" in page
     assert page.count(compare.BEGIN) == 1 and page.count(compare.END) == 1
+
+
+def test_compare_reuses_only_runs_with_the_same_settings(tmp_path):
+    path = tmp_path / "metrics.json"
+    assert compare.reusable(path, 80, True) is None
+    path.write_text(json.dumps({"steps": 80, "quick": True, "score": 1.0}))
+    assert compare.reusable(path, 80, True)["score"] == 1.0
+    assert compare.reusable(path, 100, True) is None and compare.reusable(path, 80, False) is None
+    path.write_text('{"steps": 80, "qu')  # an interrupted write
+    assert compare.reusable(path, 80, True) is None

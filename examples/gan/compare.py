@@ -38,10 +38,24 @@ END = "<!-- compare.py: end -->"
 
 # ----------------------------------------------------------------------------- training runs
 
-def run_one(variant: str, seed: int, steps: int, quick: bool, threads: int, runs: Path) -> dict:
+def reusable(path: Path, steps: int, quick: bool) -> Optional[dict]:
+    """The metrics a finished run left at `path`, if it ran with these settings."""
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return m if m.get("steps") == steps and m.get("quick") == quick else None
+
+
+def run_one(variant: str, seed: int, steps: int, quick: bool, threads: int, runs: Path,
+            reuse: bool = False) -> dict:
     """Train one variant with one seed (in a worker process): its metrics, or
-    {"variant", "seed", "error"} when it cannot run."""
+    {"variant", "seed", "error"} when it cannot run. reuse: take a finished run's metrics."""
     import train
+    found = reusable(runs / f"{variant}-{seed}" / "metrics.json", steps, quick) if reuse else None
+    if found is not None:
+        print(f"  {variant} seed {seed}: reused {runs / f'{variant}-{seed}'}", flush=True)
+        return found
     t0 = time.perf_counter()
     try:
         m = train.train(variant, steps, seed, runs / f"{variant}-{seed}", quick=quick,
@@ -65,8 +79,8 @@ def run_all(args, runs: Path) -> List[dict]:
     # worker processes (started fresh: PyTorch's OpenMP does not survive a fork) that import
     # PyTorch and opkit once and train one run after another
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        done = list(pool.map(run_one, *zip(*[(v, s, args.steps, args.quick, args.threads, runs)
-                                              for v, s in jobs])))
+        done = list(pool.map(run_one, *zip(*[(v, s, args.steps, args.quick, args.threads, runs,
+                                               args.reuse) for v, s in jobs])))
     return sorted(done, key=lambda m: (VARIANTS.index(m["variant"]), m["seed"]))
 
 
@@ -302,6 +316,9 @@ def page(args, metrics: List[dict], b: Optional[dict], doc: Path) -> str:
         rel_t = f"{e['seconds'] / base:.2f}×" if base else "—"
         lines.append(f"| `{v}` | {pm(e['seconds'], e['seconds_std'], '.3f')} | {rel_t} | "
                      f"{pm(e['score'], e['score_std'], '.1f')} | {len(e['runs'])} |")
+    left_out = [f"`{v}`" for v in VARIANTS if v not in args.variants]
+    if left_out:
+        lines += ["", f"Not in this comparison (left out with `--variants`): {', '.join(left_out)}."]
     lines += ["", "Seconds per step: the median step of each run, mean ± std over the seeds. "
               "The machine is shared, so absolute times move between runs; the timing section "
               "below compares side by side.", "",
@@ -370,6 +387,10 @@ def main(argv=None) -> int:
     p.add_argument("--bench-rounds", type=int, default=15, help="0: no timing section")
     p.add_argument("--runs", type=Path, default=Path(tempfile.gettempdir()) / "opkit-gan-runs",
                    help="folder for each run's metrics.json and samples.png")
+    p.add_argument("--reuse", action="store_true",
+                   help="take the metrics of runs already in --runs with the same steps and "
+                        "--quick instead of training them again (to finish an interrupted "
+                        "comparison, or add variants to one)")
     p.add_argument("--doc", type=Path, default=REPO / "docs" / "gan.md")
     args = p.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
