@@ -34,8 +34,8 @@ def load_digits_sklearn():
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise SystemExit("the GAN example trains on scikit-learn's bundled digits: "
-                         "pip install scikit-learn (or pip install 'opkit[gan]')") from None
+        raise ImportError("the GAN example trains on scikit-learn's bundled digits: "
+                          "pip install scikit-learn (or pip install 'opkit[gan]')") from None
     return load_digits()
 
 
