@@ -1,0 +1,235 @@
+"""Train the DCGAN of models.py on scikit-learn's digits with one activation variant.
+
+    python examples/gan/train.py --variant spatial --steps 600 --seed 0 --out runs/spatial-0
+    python examples/gan/train.py --variant optimized --quick --out /tmp/gan
+
+Writes DIR/metrics.json (settings, per-step losses and seconds, the digits FID at a few steps
+and at the end) and DIR/samples.png (64 samples of the final generator; needs matplotlib).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch.nn import functional as F
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import digits  # noqa: E402
+from models import VARIANTS, Discriminator, Generator  # noqa: E402
+
+# The seed's one configuration (fusion, alpha quantized, NHWC), in float32: training in float16
+# is a different experiment, and the performance comparison is float32 against float32.
+OPTIMIZE_CONFIG = {"precision_mode": "must_keep_origin_dtype", "leakyrelu_fusion": True,
+                   "alpha_quant": True, "layout": "NHWC"}
+
+FULL = dict(batch_size=64, width=32, z_dim=32, eval_samples=1797, lr=2e-4)
+QUICK = dict(batch_size=32, width=16, z_dim=32, eval_samples=500, lr=2e-4, steps=60)
+
+
+class Unavailable(RuntimeError):
+    """A variant that cannot run in this installation (the message says why)."""
+
+
+def optimize(model: torch.nn.Module, example: torch.Tensor, config: dict):
+    """opkit.torch.optimize(model, config, example) -> (model, report)."""
+    import opkit.torch
+    fn = getattr(opkit.torch, "optimize", None)
+    if fn is None:
+        raise Unavailable("variant 'optimized' needs opkit.torch.optimize, which this opkit does "
+                          "not have; update opkit, or run another variant")
+    return fn(model, config=config, example_input=example)
+
+
+def build(variant: str, z_dim: int, width: int, batch_size: int):
+    """(G, D, reports, channels_last): the models of `variant`, optimized for `optimized`."""
+    G, D = Generator(variant, z_dim=z_dim, width=width), Discriminator(variant, width=width)
+    if variant != "optimized":
+        return G, D, {}, False
+    config = OPTIMIZE_CONFIG
+    nhwc = config.get("layout") == "NHWC"
+    z = torch.randn(batch_size, z_dim, generator=torch.Generator().manual_seed(0))
+    img = torch.zeros(batch_size, 1, 32, 32)
+    if nhwc:
+        img = img.contiguous(memory_format=torch.channels_last)
+    G, g_report = optimize(G.train(), z, config)
+    D, d_report = optimize(D.train(), img, config)
+    return G, D, {"generator": [str(e) for e in g_report],
+                  "discriminator": [str(e) for e in d_report]}, nhwc
+
+
+def train(variant: str, steps: int, seed: int, out: Optional[Path] = None, quick: bool = False,
+          log: Callable[[str], None] = print, eval_every: Optional[int] = None,
+          cache_dir: Optional[Path] = None, threads: Optional[int] = None, **overrides) -> dict:
+    """Train and return the metrics (written to out/metrics.json when `out` is given).
+    threads: PyTorch's and opkit's thread count (default: as they are)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1; got {steps}")
+    settings = dict(QUICK if quick else FULL)
+    settings.pop("steps", None)
+    unknown = set(overrides) - set(settings)
+    if unknown:
+        raise TypeError(f"train: unknown settings {sorted(unknown)}; it takes {sorted(settings)}")
+    settings.update(overrides)
+    bs, z_dim = settings["batch_size"], settings["z_dim"]
+
+    if threads is not None:
+        set_threads(threads)
+    scorer = digits.Scorer(cache_dir, log)
+    real = scorer.real
+    torch.manual_seed(seed)
+    G, D, reports, nhwc = build(variant, z_dim, settings["width"], bs)
+    data_gen = torch.Generator().manual_seed(seed + 1)   # batches and noise: fixed per seed
+    noise_gen = torch.Generator().manual_seed(seed + 2)
+    fixed_z = torch.randn(max(settings["eval_samples"], 64), z_dim,
+                          generator=torch.Generator().manual_seed(10_000 + seed))
+    opt_g = torch.optim.Adam(G.parameters(), lr=settings["lr"], betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(D.parameters(), lr=settings["lr"], betas=(0.5, 0.999))
+    ones, zeros = torch.ones(bs), torch.zeros(bs)
+    as_input = (lambda t: t.contiguous(memory_format=torch.channels_last)) if nhwc else (lambda t: t)
+
+    eval_every = eval_every or max(steps // 4, 1)
+    losses_d, losses_g, seconds, scores = [], [], [], []
+    for step in range(1, steps + 1):
+        xb = as_input(real[torch.randint(0, len(real), (bs,), generator=data_gen)])
+        z = torch.randn(bs, z_dim, generator=noise_gen)
+        t0 = time.perf_counter()
+        loss_d, loss_g = train_step(G, D, opt_g, opt_d, xb, z, ones, zeros, as_input)
+        seconds.append(time.perf_counter() - t0)
+        losses_d.append(loss_d.item())
+        losses_g.append(loss_g.item())
+        if not (math.isfinite(losses_d[-1]) and math.isfinite(losses_g[-1])):
+            raise FloatingPointError(f"{variant}: the losses are not finite at step {step} "
+                                     f"(D {losses_d[-1]}, G {losses_g[-1]})")
+        if step % eval_every == 0 or step == steps:
+            scores.append([step, scorer(sample(G, fixed_z[:settings["eval_samples"]]))])
+            log(f"{variant} seed {seed} step {step}/{steps}: D {losses_d[-1]:.3f} "
+                f"G {losses_g[-1]:.3f}, {median(seconds) * 1e3:.1f} ms/step, "
+                f"digits FID {scores[-1][1]:.2f}")
+
+    metrics = {
+        "variant": variant, "seed": seed, "steps": steps, "quick": quick, "settings": settings,
+        "optimize_config": dict(OPTIMIZE_CONFIG) if variant == "optimized" else None,
+        "optimize_report": reports or None,
+        "losses": {"discriminator": losses_d, "generator": losses_g},
+        "seconds_per_step": seconds, "median_seconds_per_step": median(seconds),
+        "scores": scores, "score": scores[-1][1], "score_name": "digits FID",
+        "classifier_accuracy": scorer.accuracy,
+        "real_floor": scorer.real_floor(settings["eval_samples"]),
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "opkit_threads": opkit_threads(),
+                    "processor": platform.processor()},
+    }
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+        save_grid(sample(G, fixed_z[:64]), out / "samples.png", f"{variant}, seed {seed}", log)
+    return metrics
+
+
+def train_step(G, D, opt_g, opt_d, xb, z, ones, zeros, as_input=lambda t: t):
+    """One step of the non-saturating GAN loss: D on real and generated images, then G through
+    D. Returns both losses (tensors)."""
+    fake = G(z)
+    loss_d = (F.binary_cross_entropy_with_logits(D(xb), ones)
+              + F.binary_cross_entropy_with_logits(D(as_input(fake.detach())), zeros))
+    opt_d.zero_grad(set_to_none=True)
+    loss_d.backward()
+    opt_d.step()
+    loss_g = F.binary_cross_entropy_with_logits(D(as_input(fake)), ones)
+    opt_g.zero_grad(set_to_none=True)
+    loss_g.backward()
+    opt_g.step()
+    return loss_d, loss_g
+
+
+def set_threads(n: int) -> None:
+    """The same number of threads for PyTorch's operators and opkit's kernels."""
+    import opkit
+    torch.set_num_threads(n)
+    opkit.configure(num_threads=n)
+
+
+def sample(G: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """Images from the generator in eval mode (batch norm with its running statistics)."""
+    G.eval()
+    with torch.no_grad():
+        x = torch.cat([G(zb) for zb in z.split(256)])
+    G.train()
+    return x.contiguous()
+
+
+def opkit_threads() -> int:
+    from opkit.config import get
+    return get("num_threads")
+
+
+def median(xs) -> float:
+    s = sorted(xs)
+    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+
+
+def save_grid(x: torch.Tensor, path: Path, title: str, log: Callable[[str], None] = print) -> bool:
+    """An 8-column grid of images in [-1, 1] as a PNG; False (and a message) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log(f"not writing {path}: the sample grid needs matplotlib (pip install matplotlib)")
+        return False
+    n = x.shape[0]
+    cols = 8
+    rows = (n + cols - 1) // cols
+    h, w = x.shape[2:]
+    grid = torch.ones(rows * (h + 2), cols * (w + 2))
+    for i in range(n):
+        r, c = divmod(i, cols)
+        grid[r * (h + 2) + 1:r * (h + 2) + 1 + h, c * (w + 2) + 1:c * (w + 2) + 1 + w] = x[i, 0]
+    fig, ax = plt.subplots(figsize=(cols * 0.45, rows * 0.45 + 0.3), dpi=100)
+    ax.imshow(grid.numpy(), cmap="gray_r", vmin=-1, vmax=1, interpolation="nearest")
+    ax.set_axis_off()
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout(pad=0.1)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variant", required=True, choices=VARIANTS)
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"training steps (default 600; {QUICK['steps']} with --quick)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True, help="folder for metrics.json and samples.png")
+    p.add_argument("--quick", action="store_true",
+                   help="a small model, batch and evaluation, for a run of a minute or so")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for PyTorch and opkit (default: their own defaults)")
+    a = p.parse_args(argv)
+    steps = a.steps if a.steps is not None else (QUICK["steps"] if a.quick else 600)
+    try:
+        m = train(a.variant, steps, a.seed, a.out, quick=a.quick, threads=a.threads)
+    except Unavailable as exc:
+        print(f"train.py: {exc}", file=sys.stderr)
+        return 2
+    print(f"{a.variant}: digits FID {m['score']:.2f} after {steps} steps, "
+          f"{m['median_seconds_per_step'] * 1e3:.1f} ms/step (median); wrote {a.out}/metrics.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
