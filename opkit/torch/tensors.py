@@ -235,6 +235,15 @@ class Convert:
                 np.broadcast_to(np.empty((), DTYPES[v.dtype]), tuple(_hint(s) for s in v.shape))
                 for v in call.views]
 
+    def _derived(self, sizes: dict, bound) -> dict:
+        """`sizes` plus the dims the operator's calls create, from the (possibly symbolic)
+        input sizes by the same rules a real call uses; their concrete sizes where those
+        rules cannot take symbols."""
+        try:
+            return shape_rules(self.spec).derive(dict(sizes), bound.attrs)
+        except Exception:  # noqa: BLE001  (a rule that needs concrete numbers)
+            return dict(bound.sizes, **sizes)
+
     def fake_outputs(self, call: Call, attrs: dict) -> List[torch.Tensor]:
         """The outputs' shapes, dtypes and strides, computed as a real call would lay them out
         (the same checks run, so a bad call fails while tracing too)."""
@@ -254,6 +263,8 @@ class Convert:
                 for n, s in zip(bound.values[name][1], v.shape):
                     if n not in sizes and _hint(s) == bound.sizes[n]:
                         sizes[n] = s
+            if any(n not in sizes for n in names):  # dims a call creates (a conv2d's OH, OW)
+                sizes = self._derived(sizes, bound)
             t = call.views[0].new_empty([sizes[n] for n in names], dtype=dtype)
             outs.append(self.to_logical(t, call, o, bound))
         return outs
