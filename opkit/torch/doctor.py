@@ -97,7 +97,7 @@ def _fusion_rows(model: nn.Module, report: Report) -> List[Row]:
         if e.fused:
             rows.append(Row(False, f"fusible {e.node}", f"{' -> '.join(e.chain)} -> LeakyReLU: "
                             "optimize(model, {'leakyrelu_fusion': True}) fuses it", True))
-        elif "not a convolution or batch norm" in e.reason:
+        elif e.reason.startswith("the preceding op is"):  # nothing here to fuse with
             rows.append(Row(False, f"not fusible {e.node}", f"after {e.producer}: {e.reason}; it "
                             "runs unfused", False))
         else:

@@ -366,7 +366,7 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
             names=(str(d.conv.target), str(d.bn.target) if d.bn is not None else None),
             precision_mode=config["precision_mode"],
             eval_conv=AUTO_CONV["eval"] if auto else config["conv"],
-            train_conv=AUTO_CONV["train"] if auto else config["conv"])
+            train_conv=AUTO_CONV["train"] if auto else config["conv"]).train(conv.training)
         target = "opkit_fused." + str(d.conv.target).replace(".", "_")
         while target in taken:
             target += "_"
@@ -435,7 +435,7 @@ def optimize(model: nn.Module, config: Optional[dict] = None,
         raise ValueError(f"opkit.torch.optimize: torch.fx cannot trace {type(model).__name__}: "
                          f"{type(exc).__name__}: {exc}. Data-dependent control flow stops the "
                          "tracer; optimize the traceable submodules instead") from exc
-    gm.train(model.training)
+    gm.training = model.training  # the modules inside keep their own modes
     report = Report()
     if config["layout"] is not None:
         _apply_layout(gm, config["layout"], report)
