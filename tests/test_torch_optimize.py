@@ -324,3 +324,16 @@ def test_fused_conv_keeps_the_logical_shape_for_channels_last():
     y = torch.ops.opkit.conv2d_bias_leaky_relu(x, w, b, stride=1, padding=1, alpha=0.2)
     assert y.shape == (2, 4, 6, 5) and y.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(y, F.leaky_relu(F.conv2d(x, w, b, 1, 1), 0.2), rtol=1e-5, atol=1e-5)
+
+
+def test_the_optimized_model_compiles_with_dynamic_shapes():
+    torch.manual_seed(0)
+    model = with_statistics(discriminator()).eval()[:-2].eval()
+    opt, _ = optimize(model, {"conv": "opkit", "layout": "NHWC"})
+    compiled = torch.compile(opt, backend="aot_eager", dynamic=True, fullgraph=True)
+    for n, size in [(2, 16), (3, 20)]:   # the fake kernels size OH, OW from the input's
+        x = torch.randn(n, 1, size, size)
+        with torch.no_grad():
+            y = compiled(x)
+            assert_rel(y, model(x), 1e-4)
+        assert y.shape == (n, 16, size // 4, size // 4)
