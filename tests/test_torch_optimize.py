@@ -337,3 +337,15 @@ def test_the_optimized_model_compiles_with_dynamic_shapes():
             y = compiled(x)
             assert_rel(y, model(x), 1e-4)
         assert y.shape == (n, 16, size // 4, size // 4)
+
+
+def test_optimizing_again_applies_the_new_config(x):
+    model = with_statistics(discriminator()).eval()[:-2].eval()
+    once, _ = optimize(model, {"conv": "opkit"})
+    twice, report = optimize(once, {"precision_mode": "force_fp16", "conv": "torch"})
+    assert list(report) == []                       # nothing left to fuse
+    fused = [m for m in twice.modules() if isinstance(m, FusedConvLeakyReLU)]
+    assert [(f.precision_mode, f.eval_conv) for f in fused] == [("force_fp16", "torch")] * 3
+    with torch.no_grad():
+        y32, y16 = once(x), twice(x)
+    assert 0 < (y16 - y32).abs().max() <= 1e-3 * y32.abs().max()

@@ -347,6 +347,10 @@ def _propagate(gm: fx.GraphModule, example_input) -> None:
 def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
     modules = dict(gm.named_modules())
     taken = set(modules)
+    for m in modules.values():  # fused before (an optimized model optimized again): the new config
+        if isinstance(m, FusedConvLeakyReLU):
+            m.precision_mode = config["precision_mode"]
+            m.eval_conv, m.train_conv = _conv_choice(config)
     for node in list(gm.graph.nodes):
         found = _leaky_alpha(node, modules)
         if found is None:
@@ -360,13 +364,12 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
         conv = modules[d.conv.target]
         bn = modules[d.bn.target] if d.bn is not None else None
         stride, padding = _geometry(conv)
-        auto = config["conv"] == "auto"
+        eval_conv, train_conv = _conv_choice(config)
         fused = FusedConvLeakyReLU(
             conv, bn, found[0], stride, padding,
             names=(str(d.conv.target), str(d.bn.target) if d.bn is not None else None),
-            precision_mode=config["precision_mode"],
-            eval_conv=AUTO_CONV["eval"] if auto else config["conv"],
-            train_conv=AUTO_CONV["train"] if auto else config["conv"]).train(conv.training)
+            precision_mode=config["precision_mode"], eval_conv=eval_conv,
+            train_conv=train_conv).train(conv.training)
         target = "opkit_fused." + str(d.conv.target).replace(".", "_")
         while target in taken:
             target += "_"
@@ -382,6 +385,13 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
         if node.op == "call_module" and not any(n.op == "call_module" and n.target == node.target
                                                 for n in gm.graph.nodes):
             gm.delete_submodule(node.target)  # no state; its slope lives on in the fused module
+
+
+def _conv_choice(config: dict) -> Tuple[str, str]:
+    """(eval, training): where a fused chain's convolution runs."""
+    if config["conv"] == "auto":
+        return AUTO_CONV["eval"], AUTO_CONV["train"]
+    return config["conv"], config["conv"]
 
 
 def _quantize_functions(gm: fx.GraphModule, report: Report) -> None:
