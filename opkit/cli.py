@@ -1,4 +1,4 @@
-"""`opkit` command line: build, list, show, validate, clean, bench. It only calls the stages."""
+"""`opkit` command line: build, list, show, validate, clean, bench, doctor. It only calls the stages."""
 from __future__ import annotations
 
 import argparse
@@ -342,6 +342,57 @@ def cmd_clean(args) -> int:
     return 0
 
 
+def _load_factory(target: str):
+    """FILE.py:NAME -> the model: NAME called without arguments (a class or a function), or
+    NAME itself when it is a module instance. The file is the user's own code, imported."""
+    import importlib.util
+    import difflib
+    path, sep, name = target.rpartition(":")
+    if not sep or not path or not name:
+        raise ValueError(f"expected FILE.py:NAME (e.g. models.py:Discriminator), got {target!r}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist")
+    module_name = "opkit_doctor_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # its own imports resolve
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    if not hasattr(module, name):
+        close = difflib.get_close_matches(name, [n for n in dir(module) if not n.startswith("_")], n=1)
+        raise ValueError(f"{path} has no {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return getattr(module, name)
+
+
+def _shape(text: str) -> List[int]:
+    try:
+        dims = [int(d) for d in text.split(",")]
+    except ValueError:
+        dims = []
+    if not dims or any(d < 1 for d in dims):
+        raise ValueError(f"--input must be positive sizes separated by commas, e.g. 64,1,32,32; "
+                         f"got {text!r}")
+    return dims
+
+
+def cmd_doctor(args) -> int:
+    import opkit.torch
+    import torch
+    shape = _shape(args.input)
+    factory = _load_factory(args.target)
+    model = factory if isinstance(factory, torch.nn.Module) else factory()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{args.target} gave a {type(model).__name__}, not a torch.nn.Module")
+    x = torch.randn(*shape, dtype=getattr(torch, args.dtype))
+    if args.layout == "NHWC":
+        x = x.contiguous(memory_format=torch.channels_last)
+    checkup = opkit.torch.doctor(model, x, repeat=args.repeat)
+    print(checkup)
+    return 1 if checkup.actionable else 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="opkit", description="Operator development kit: "
                                      "YAML declarations → validated, compiled kernels.")
@@ -370,6 +421,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     c = sub.add_parser("clean", help="remove the build cache")
     c.add_argument("--stale", action="store_true", help="only leftovers of builds that are no longer running")
     c.set_defaults(func=cmd_clean)
+    d = sub.add_parser("doctor", help="performance checklist for a PyTorch model (exit 1 when "
+                       "something is actionable)")
+    d.add_argument("target", help="FILE.py:NAME, a class or function that builds the model")
+    d.add_argument("--input", required=True, help="the example input's shape, e.g. 64,1,32,32")
+    d.add_argument("--dtype", choices=["float32", "float64", "float16"], default="float32")
+    d.add_argument("--layout", choices=["NCHW", "NHWC"], default="NCHW",
+                   help="memory layout of the example input")
+    d.add_argument("--repeat", type=int, default=5, help="timed forwards per precision")
+    d.set_defaults(func=cmd_doctor)
     try:
         from .bench import add_parser as add_bench
         add_bench(sub)

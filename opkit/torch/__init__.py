@@ -34,5 +34,9 @@ def op(name: str):
 _REGISTRY.subscribe(_library.register)
 
 from . import nn  # noqa: E402
+from .calibrate import AlphaCalibration  # noqa: E402
+from .doctor import doctor  # noqa: E402
+from .fused import FusedConvLeakyReLU  # noqa: E402
+from .optimize import optimize  # noqa: E402
 
-__all__ = ["op", "nn"]
+__all__ = ["op", "nn", "optimize", "doctor", "AlphaCalibration", "FusedConvLeakyReLU"]

@@ -26,6 +26,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from ..runtime.bind import bind
+from ..runtime.shapes import shape_rules
 from ..spec.model import LAYOUT_PHYSICAL
 
 DTYPES: Dict[torch.dtype, str] = {
@@ -129,6 +130,16 @@ class Convert:
         self.anchor = next((k for k, i in enumerate(spec.inputs) if i.layouts_declared), None)
         self.like = [spec.input_names.index(o.like) if o.like else None for o in spec.outputs]
         self.flat = [-1] * len(spec.inputs)  # no input viewed anew
+        self._nhwc_orders = None
+
+    def nhwc_orders(self) -> frozenset:
+        """The memory orders of outputs stored as N, H, W, C under NHWC: the layout's own, and
+        a conv2d result's (N, OH, OW, O)."""
+        if self._nhwc_orders is None:
+            rules = shape_rules(self.spec)
+            self._nhwc_orders = frozenset({NHWC_NAMES} | {rules.physical(d, "NHWC")
+                                                          for d in rules.spatial})
+        return self._nhwc_orders
 
     def _layout(self, layout: str) -> Optional[str]:
         return None if layout == self.default else layout
@@ -185,7 +196,7 @@ class Convert:
         k = self.like[o]
         if k is not None:
             return call.padded[k] >= 0
-        return call.nhwc and tuple(bound.outputs[self.spec.outputs[o].name][0]) == NHWC_NAMES
+        return call.nhwc and tuple(bound.outputs[self.spec.outputs[o].name][0]) in self.nhwc_orders()
 
     def to_logical(self, t: torch.Tensor, call: Call, o: int, bound=None) -> torch.Tensor:
         """Output `o` as opkit shapes it → its logical tensor."""
@@ -224,6 +235,15 @@ class Convert:
                 np.broadcast_to(np.empty((), DTYPES[v.dtype]), tuple(_hint(s) for s in v.shape))
                 for v in call.views]
 
+    def _derived(self, sizes: dict, bound) -> dict:
+        """`sizes` plus the dims the operator's calls create, from the (possibly symbolic)
+        input sizes by the same rules a real call uses; their concrete sizes where those
+        rules cannot take symbols."""
+        try:
+            return shape_rules(self.spec).derive(dict(sizes), bound.attrs)
+        except Exception:  # noqa: BLE001  (a rule that needs concrete numbers)
+            return dict(bound.sizes, **sizes)
+
     def fake_outputs(self, call: Call, attrs: dict) -> List[torch.Tensor]:
         """The outputs' shapes, dtypes and strides, computed as a real call would lay them out
         (the same checks run, so a bad call fails while tracing too)."""
@@ -243,6 +263,8 @@ class Convert:
                 for n, s in zip(bound.values[name][1], v.shape):
                     if n not in sizes and _hint(s) == bound.sizes[n]:
                         sizes[n] = s
+            if any(n not in sizes for n in names):  # dims a call creates (a conv2d's OH, OW)
+                sizes = self._derived(sizes, bound)
             t = call.views[0].new_empty([sizes[n] for n in names], dtype=dtype)
             outs.append(self.to_logical(t, call, o, bound))
         return outs

@@ -1,0 +1,170 @@
+"""Conv2d (→ BatchNorm2d) → LeakyReLU as one module over opkit's fused convolution operators;
+`opkit.torch.optimize` puts it in place of such chains (docs/torch.md, "Tuning a model").
+
+The module reads the convolution's and batch norm's parameters and buffers from the original
+modules, which stay where they were in the model: the state_dict keeps its keys, and
+.to()/.half()/.train()/.eval() of the model reach them as before.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import get as _get
+from ..config import DEFAULT_PRECISION
+from ..runtime.precision import _cast_to
+from .tensors import DTYPES, TORCH_DTYPES
+
+# where the convolution runs: opkit's fused operator, or PyTorch's conv2d with opkit's
+# activation after it
+CONV_CHOICES = ("opkit", "torch")
+
+
+class _NoEffect(torch.autograd.Function):
+    """y, with `b` recorded as an input whose gradient is zero: a convolution's bias before a
+    training batch norm cancels out, and its gradient is zero (not None, so weight decay and
+    momentum update it as they would the original's)."""
+
+    @staticmethod
+    def forward(ctx, y, b):
+        ctx.b_shape, ctx.b_dtype = b.shape, b.dtype
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, dy.new_zeros(ctx.b_shape, dtype=ctx.b_dtype)
+
+
+class FusedConvLeakyReLU(nn.Module):
+    """y = LeakyReLU(BatchNorm2d(Conv2d(x))) (or without the batch norm) in one opkit call.
+
+    Eval: conv2d_bias_leaky_relu / conv2d_bn_leaky_relu with the running statistics.
+    Training: conv2d_bn_train_leaky_relu normalizes with the batch's statistics, and the running
+    statistics are updated as nn.BatchNorm2d updates them (momentum, or the cumulative average
+    when momentum is None; the unbiased variance; num_batches_tracked).
+    With conv="torch" for a mode, PyTorch's conv2d runs the convolution and opkit the rest.
+    """
+
+    def __init__(self, conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], alpha: float,
+                 stride: int, padding: int, names=("", None), precision_mode: str = DEFAULT_PRECISION,
+                 eval_conv: str = "opkit", train_conv: str = "opkit"):
+        super().__init__()
+        # plain references, not children: the modules stay registered where they were
+        object.__setattr__(self, "_conv", conv)
+        object.__setattr__(self, "_bn", bn)
+        self.alpha = float(alpha)
+        self.stride, self.padding = int(stride), int(padding)
+        self.conv_name, self.bn_name = names
+        self.precision_mode = precision_mode
+        self.eval_conv, self.train_conv = eval_conv, train_conv
+
+    @property
+    def conv(self) -> nn.Conv2d:
+        return self._conv
+
+    @property
+    def bn(self) -> Optional[nn.BatchNorm2d]:
+        return self._bn
+
+    @property
+    def operator(self) -> str:
+        """The opkit operator the current mode runs (with conv="opkit")."""
+        if self._bn is None:
+            return "conv2d_bias_leaky_relu"
+        return "conv2d_bn_train_leaky_relu" if self._bn.training else "conv2d_bn_leaky_relu"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        training = self._bn.training if self._bn is not None else self.training
+        if (self.train_conv if training else self.eval_conv) == "torch":
+            return self._torch_conv(x, training)
+        return self._opkit_conv(x, training)
+
+    # ------------------------------------------------------------------ precision
+
+    def _run(self, name: str, x: torch.Tensor, *tensors, **attrs):
+        """torch.ops.opkit.<name> with every tensor cast as the precision mode casts an opkit
+        call's inputs; results come back in x's dtype, so the model around keeps its dtypes."""
+        target = None
+        if self.precision_mode != DEFAULT_PRECISION:
+            cast = _cast_to(_get(name).spec, self.precision_mode, np.dtype(DTYPES[x.dtype]))
+            target = TORCH_DTYPES[cast.name] if cast is not None else None
+        if target is None or target == x.dtype:
+            return getattr(torch.ops.opkit, name)(x, *tensors, **attrs)
+        out = getattr(torch.ops.opkit, name)(x.to(target), *(t.to(target) for t in tensors), **attrs)
+        if isinstance(out, tuple):  # y and the batch statistics
+            return (out[0].to(x.dtype),) + tuple(out[1:])
+        return out.to(x.dtype)
+
+    # ------------------------------------------------------------------ the two ways
+
+    def _bias(self, x: torch.Tensor) -> torch.Tensor:
+        b = self._conv.bias
+        return b if b is not None else x.new_zeros(self._conv.out_channels, dtype=self._conv.weight.dtype)
+
+    def _affine(self, like: torch.Tensor):
+        bn = self._bn
+        if bn.affine:
+            return bn.weight, bn.bias
+        return like.new_ones(bn.num_features), like.new_zeros(bn.num_features)
+
+    def _opkit_conv(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        conv, bn = self._conv, self._bn
+        geometry = dict(stride=self.stride, padding=self.padding, alpha=self.alpha)
+        if bn is None:
+            return self._run("conv2d_bias_leaky_relu", x, conv.weight, self._bias(x), **geometry)
+        gamma, beta = self._affine(bn.running_mean)
+        if not training:
+            mean = bn.running_mean if conv.bias is None else bn.running_mean - conv.bias
+            return self._run("conv2d_bn_leaky_relu", x, conv.weight, gamma, beta, mean,
+                             bn.running_var, eps=float(bn.eps), **geometry)
+        y, mean, var = self._run("conv2d_bn_train_leaky_relu", x, conv.weight, gamma, beta,
+                                 eps=float(bn.eps), **geometry)
+        if conv.bias is not None:  # the batch norm removes the bias from y, not from the mean
+            mean = mean + conv.bias.detach()
+            y = _NoEffect.apply(y, conv.bias)
+        self._update(y, mean, var)
+        return y
+
+    def _torch_conv(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        conv, bn = self._conv, self._bn
+        if bn is not None and training:  # batch statistics: PyTorch's batch norm, opkit's slope
+            z = bn(F.conv2d(x, conv.weight, conv.bias, self.stride, self.padding))
+            return self._run("leaky_relu", z, alpha=self.alpha)
+        w, shift = conv.weight, self._bias(x)
+        if bn is not None:  # inference batch norm folded into the weights and the bias
+            gamma, beta = self._affine(bn.running_mean)
+            scale = gamma / torch.sqrt(bn.running_var + bn.eps)
+            w = w * scale.reshape(-1, 1, 1, 1)
+            shift = beta + (shift - bn.running_mean) * scale
+        z = F.conv2d(x, w, None, self.stride, self.padding)
+        return self._run("fused_bias_leaky_relu", z, shift, alpha=self.alpha, gain=1.0)
+
+    def _update(self, y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> None:
+        """The running statistics, as nn.BatchNorm2d updates them in training."""
+        bn = self._bn
+        n = y.numel() // y.shape[1]
+        if n <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input "
+                             f"size {list(y.shape)} (batch norm {self.bn_name})")
+        if not bn.track_running_stats:
+            return
+        with torch.no_grad():
+            bn.num_batches_tracked.add_(1)
+            f = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+            unbiased = var.detach().to(bn.running_var.dtype) * (n / (n - 1))
+            bn.running_mean.copy_(f * mean.detach().to(bn.running_mean.dtype)
+                                  + (1 - f) * bn.running_mean)
+            bn.running_var.copy_(f * unbiased + (1 - f) * bn.running_var)
+
+    def extra_repr(self) -> str:
+        parts = [f"conv={self.conv_name!r}"] + ([f"bn={self.bn_name!r}"] if self._bn is not None else [])
+        parts += [f"alpha={self.alpha:g}", f"stride={self.stride}", f"padding={self.padding}"]
+        if self.precision_mode != DEFAULT_PRECISION:
+            parts.append(f"precision_mode={self.precision_mode!r}")
+        if "torch" in (self.eval_conv, self.train_conv):
+            parts.append(f"eval_conv={self.eval_conv!r}, train_conv={self.train_conv!r}")
+        return ", ".join(parts)

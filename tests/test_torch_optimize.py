@@ -1,0 +1,351 @@
+"""opkit.torch.optimize: the configuration, the fusion report, alpha_quant, and the optimized
+model against the original in eval and for one training step."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import opkit.torch  # noqa: E402
+from opkit.torch import FusedConvLeakyReLU, optimize  # noqa: E402
+
+
+def discriminator(bias_before_bn=False, momentum=0.1):
+    """DCGAN's discriminator for 1 x 16 x 16 images, small enough for tests."""
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 4, 2, 1), nn.LeakyReLU(0.2),
+        nn.Conv2d(8, 16, 4, 2, 1, bias=bias_before_bn), nn.BatchNorm2d(16, momentum=momentum),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(16, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16, momentum=momentum),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(16, 1, 4, 1, 0), nn.Flatten())
+
+
+def with_statistics(model):
+    """Running statistics far from their initial values, so eval-mode batch norm matters."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.3)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model
+
+
+def assert_rel(actual, expected, tol):
+    """max |actual - expected| within tol of the output's scale."""
+    scale = expected.abs().max().item()
+    err = (actual.double() - expected.double()).abs().max().item()
+    assert err <= tol * scale, f"max deviation {err:.3g} > {tol} x {scale:.3g}"
+
+
+@pytest.fixture
+def x():
+    return torch.randn(6, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+
+
+# ----------------------------------------------------------------------------- configuration
+
+@pytest.mark.parametrize("config, match", [
+    ({"precision": "force_fp16"}, r"unknown config key 'precision' \(did you mean 'precision_mode'\?\); "
+                                  r"valid keys: precision_mode, leakyrelu_fusion, alpha_quant, layout, conv"),
+    ({"precision_mode": "fp16"}, r"config\['precision_mode'\] must be one of 'must_keep_origin_dtype', "
+                                 r"'force_fp16', 'force_fp32', 'allow_fp32_to_fp16', 'allow_mix_precision'; got 'fp16'"),
+    ({"layout": "nhwc"}, r"config\['layout'\] must be one of 'NHWC', 'NCHW', None; got 'nhwc'"),
+    ({"leakyrelu_fusion": 1}, r"config\['leakyrelu_fusion'\] must be one of True, False; got 1"),
+    ({"alpha_quant": "yes"}, r"config\['alpha_quant'\] must be one of True, False; got 'yes'"),
+    ({"conv": "mkl"}, r"config\['conv'\] must be one of 'auto', 'opkit', 'torch'; got 'mkl'"),
+])
+def test_bad_config_lists_the_valid_keys_and_values(config, match):
+    with pytest.raises(ValueError, match=match):
+        optimize(discriminator(), config)
+
+
+def test_not_a_dict_or_not_a_module():
+    with pytest.raises(TypeError, match="config must be a dict"):
+        optimize(discriminator(), [("layout", "NHWC")])
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        optimize(lambda t: t)
+
+
+def test_untraceable_model_says_why():
+    class Branchy(nn.Module):
+        def forward(self, t):
+            return t if t.sum() > 0 else -t
+    with pytest.raises(ValueError, match="torch.fx cannot trace Branchy.*Data-dependent"):
+        optimize(Branchy())
+
+
+# ----------------------------------------------------------------------------- the report
+
+def test_report_fuses_the_three_chains_and_keeps_the_state_dict(x):
+    model = discriminator()
+    opt, report = optimize(model, None, x)
+    assert [(e.node, e.fused, e.chain) for e in report] == [
+        ("1", True, ("0",)), ("4", True, ("2", "3")), ("7", True, ("5", "6"))]
+    assert [e.operator.split()[0] for e in report] == [
+        "conv2d_bias_leaky_relu", "conv2d_bn_leaky_relu", "conv2d_bn_leaky_relu"]
+    assert str(report).splitlines() == [
+        "1: fused 0 -> LeakyReLU into conv2d_bias_leaky_relu",
+        "4: fused 2 -> 3 -> LeakyReLU into conv2d_bn_leaky_relu (training: conv2d_bn_train_leaky_relu)",
+        "7: fused 5 -> 6 -> LeakyReLU into conv2d_bn_leaky_relu (training: conv2d_bn_train_leaky_relu)"]
+    assert sum(isinstance(m, FusedConvLeakyReLU) for m in opt.modules()) == 3
+    called = [n.target for n in opt.graph.nodes if n.op == "call_module"]
+    assert not any(isinstance(opt.get_submodule(t), (nn.Conv2d, nn.LeakyReLU, nn.BatchNorm2d))
+                   for t in called[:3])
+    assert list(opt.state_dict()) == list(model.state_dict())
+    assert isinstance(model[1], nn.LeakyReLU)   # the original is left as it was
+    twin = copy.deepcopy(opt)                   # a copy's fused modules read the copy's weights
+    fused = twin.get_submodule("opkit_fused.2")
+    assert fused.conv is twin.get_submodule("2") and fused.bn is twin.get_submodule("3")
+
+
+class Net(nn.Module):
+    """One LeakyReLU per reason it cannot fuse."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_flat = nn.Conv2d(3, 4, 3, padding=1)
+        self.act_flat = nn.LeakyReLU(0.2)
+        self.conv_perm = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv_mem = nn.Conv2d(3, 4, 3, padding=1)
+        self.act_mem = nn.LeakyReLU(0.2)
+        self.conv_two = nn.Conv2d(3, 4, 3, padding=1)
+        self.act_two = nn.LeakyReLU(0.2)
+        self.linear = nn.Linear(4, 4)
+        self.act_linear = nn.LeakyReLU(0.2)
+        self.up = nn.ConvTranspose2d(3, 4, 2, stride=2)
+        self.bn_up = nn.BatchNorm2d(4)
+        self.act_up = nn.LeakyReLU(0.2)
+        self.conv_groups = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+        self.act_groups = nn.LeakyReLU(0.2)
+        self.conv_dil = nn.Conv2d(3, 4, 3, padding=2, dilation=2)
+        self.act_dil = nn.LeakyReLU(0.2)
+        self.conv_reflect = nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
+        self.act_reflect = nn.LeakyReLU(0.2)
+        self.conv_stride = nn.Conv2d(3, 4, 3, stride=(1, 2), padding=1)
+        self.act_stride = nn.LeakyReLU(0.2)
+        self.conv_ok = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        a = self.act_flat(self.conv_flat(x).flatten(1))
+        b = F.leaky_relu(self.conv_perm(x).permute(0, 2, 3, 1), 0.1)
+        c = self.act_mem(self.conv_mem(x).contiguous(memory_format=torch.channels_last))
+        t = self.conv_two(x)
+        d = self.act_two(t) + t
+        e = self.act_linear(self.linear(a[:, :4]))
+        f = self.act_up(self.bn_up(self.up(x)))
+        g = self.act_groups(self.conv_groups(c))
+        h = self.act_dil(self.conv_dil(x))
+        i = self.act_reflect(self.conv_reflect(x))
+        j = self.act_stride(self.conv_stride(x))
+        k = F.leaky_relu(self.conv_ok(x), 0.3)
+        return a, b, c, d, e, f, g, h, i, j, k
+
+
+def test_every_reason_a_leaky_relu_cannot_fuse():
+    _, report = optimize(Net(), None, torch.randn(2, 3, 8, 8))
+    lines = str(report).splitlines()
+    assert len(lines) == len(report) == 11
+    expect = {
+        "act_flat": ("conv_flat", "a shape transform between them (.flatten(), flatten)"),
+        "leaky_relu": ("conv_perm", "a shape transform between them (.permute(), permute)"),
+        "act_mem": ("conv_mem", "memory-layout mismatch: .contiguous() (contiguous) converts the "
+                                "memory format between them"),
+        "act_two": ("conv_two", "its output is also used by add, which needs the value before "
+                                "the LeakyReLU"),
+        "act_linear": ("linear", "the preceding op is not a convolution or batch norm (Linear)"),
+        "act_up": ("bn_up", "the preceding op is a batch norm whose input is not a convolution "
+                            "(ConvTranspose2d)"),
+        "act_groups": ("conv_groups", "unsupported convolution: groups=2 (the fused operators "
+                                      "take groups=1)"),
+        "act_dil": ("conv_dil", "unsupported convolution: dilation=(2, 2) (the fused operators "
+                                "take dilation=1)"),
+        "act_reflect": ("conv_reflect", "unsupported convolution: padding_mode='reflect' (the "
+                                        "fused operators pad with zeros)"),
+        "act_stride": ("conv_stride", "unsupported convolution: stride=(1, 2) (the fused "
+                                      "operators take one stride for both axes)"),
+    }
+    for e in report.not_fused:
+        producer, reason = expect.pop(e.node)
+        assert (e.producer, e.reason) == (producer, reason)
+        assert f"{e.node}: Cannot fuse LeakyReLU with preceding op {producer}: {reason}" in lines
+    assert not expect
+    assert [e.node for e in report.fused] == ["leaky_relu_1"]
+
+
+def test_layout_mismatch_seen_in_the_example_input():
+    class Transposed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.act = nn.LeakyReLU(0.2)
+
+        def forward(self, x):
+            return self.act(self.conv(x))
+    x = torch.randn(2, 8, 8, 3).permute(0, 3, 2, 1)   # neither NCHW nor NHWC in memory
+    _, report = optimize(Transposed(), None, x)
+    assert not report[0].fused
+    assert report[0].reason.startswith("memory-layout mismatch: the convolution's input is "
+                                       "neither NCHW nor NHWC (channels_last) in memory (strides")
+    _, report = optimize(Transposed(), None, x.contiguous())
+    assert report[0].fused
+
+
+def test_fusion_off_leaves_the_graph_alone(x):
+    opt, report = optimize(discriminator(), {"leakyrelu_fusion": False}, x)
+    assert list(report) == [] and not any(isinstance(m, FusedConvLeakyReLU) for m in opt.modules())
+
+
+# ----------------------------------------------------------------------------- alpha_quant
+
+def test_alpha_quant_snaps_every_slope_and_reports_it(x):
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.act = nn.LeakyReLU(0.2)
+            self.prelu = nn.PReLU(4, init=0.3)
+            self.spatial = opkit.torch.nn.SpatialLeakyReLU((1, 1, 16, 16), init=0.1)
+
+        def forward(self, x):
+            y = self.act(self.conv(x))
+            return self.spatial(F.leaky_relu(self.prelu(y), 0.01))
+    model = Mixed()
+    opt, report = optimize(model, {"alpha_quant": True}, x)
+    got = {c.name: (c.old, c.new) for c in report.alphas if c.kind != "map"}
+    assert got == {"leaky_relu": (0.01, 1 / 128), "opkit_fused.conv": (0.2, 26 / 128)}
+    maps = {c.name: c for c in report.alphas if c.kind == "map"}
+    assert set(maps) == {"prelu", "spatial"}
+    assert torch.equal(opt.prelu.weight, torch.full((4,), 38 / 128))      # round(0.3 * 128) = 38
+    assert torch.equal(opt.spatial.alpha_map, torch.full((1, 1, 16, 16), 13 / 128))
+    assert maps["prelu"].drift == pytest.approx(abs(38 / 128 - 0.3), rel=1e-5)  # 0.3 in float32
+    assert "leaky_relu: alpha 0.01 -> 0.0078125" in str(report).splitlines()
+    # the model computes with the snapped slopes
+    ref = copy.deepcopy(model)
+    ref.act.negative_slope = 26 / 128
+    with torch.no_grad():
+        ref.prelu.weight.fill_(38 / 128)
+        ref.spatial.alpha_map.fill_(13 / 128)
+    expected = F.leaky_relu(ref.prelu(ref.act(ref.conv(x))), 1 / 128)
+    expected = torch.ops.opkit.spatial_leaky_relu(expected, ref.spatial.alpha_map)
+    with torch.no_grad():
+        assert_rel(opt(x), expected, 1e-5)
+    assert model.act.negative_slope == 0.2 and float(model.prelu.weight.detach()[0]) == pytest.approx(0.3)
+
+
+# ----------------------------------------------------------------------------- equivalence
+
+CONFIGS = [
+    ({}, 1e-4),
+    ({"layout": "NHWC"}, 1e-4),
+    ({"conv": "opkit", "layout": "NCHW"}, 1e-4),
+    ({"conv": "torch", "layout": "NHWC"}, 1e-4),
+    ({"precision_mode": "force_fp16", "conv": "opkit"}, 1e-3),
+    ({"precision_mode": "force_fp16", "conv": "torch", "layout": "NHWC"}, 1e-3),
+]
+
+
+@pytest.mark.parametrize("config, tol", CONFIGS, ids=lambda c: str(c))
+def test_eval_matches_the_original(config, tol, x):
+    torch.manual_seed(0)
+    model = with_statistics(discriminator(bias_before_bn=True)).eval()
+    if tol == 1e-3:  # float16: compare the fused layers' own output, before the last conv's
+        model = model[:-2].eval()  # sum of 16 x 16 terms cancels to a few percent of its scale
+    opt, _ = optimize(model, config, x)
+    with torch.no_grad():
+        expected = model(x)
+        assert_rel(opt(x), expected, tol)
+        assert_rel(opt(x.contiguous(memory_format=torch.channels_last)), expected, tol)
+
+
+def test_each_module_keeps_its_own_mode(x):
+    model = with_statistics(discriminator()).train()
+    model[3].eval()                    # a frozen batch norm in a model that trains
+    opt, _ = optimize(model, {"conv": "opkit"})
+    assert opt.training and not opt.get_submodule("3").training and opt.get_submodule("6").training
+    with torch.no_grad():
+        assert_rel(opt(x), model(x), 1e-4)
+
+
+def test_force_fp16_really_runs_the_fused_operators_in_float16(x):
+    model = with_statistics(discriminator()).eval()
+    opt, _ = optimize(model, {"precision_mode": "force_fp16", "conv": "opkit"})
+    ref, _ = optimize(model, {"conv": "opkit"})
+    with torch.no_grad():
+        y16, y32 = opt(x), ref(x)
+    assert y16.dtype == torch.float32
+    assert 0 < (y16 - y32).abs().max() <= 1e-3 * y32.abs().max()
+
+
+def one_step(model, x, steps=1):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    for _ in range(steps):
+        opt.zero_grad()
+        out = model(x)
+        F.binary_cross_entropy_with_logits(out, torch.ones_like(out)).backward()
+        opt.step()
+    return model
+
+
+@pytest.mark.parametrize("config", [
+    {"conv": "opkit"}, {"conv": "opkit", "layout": "NHWC"}, {"conv": "torch"}, {},
+], ids=lambda c: str(c))
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_training_steps_match_the_original(config, momentum, x):
+    model = with_statistics(discriminator(bias_before_bn=True, momentum=momentum)).train()
+    opt, _ = optimize(model, config, x)
+    assert dict(opt.named_buffers())["3.num_batches_tracked"] == 0   # the probe run left no trace
+    one_step(model, x, steps=2)
+    one_step(opt, x, steps=2)
+    got, expected = opt.state_dict(), model.state_dict()
+    assert list(got) == list(expected)
+    for key, value in expected.items():
+        if key.endswith("num_batches_tracked"):
+            assert got[key] == value == 2
+        else:
+            torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_training_batch_of_one_pixel_per_channel_is_refused():
+    model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2), nn.LeakyReLU(0.2))
+    opt, _ = optimize(model, {"conv": "opkit"})
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        opt(torch.randn(1, 1, 1, 1))
+
+
+def test_fused_conv_keeps_the_logical_shape_for_channels_last():
+    x = torch.randn(2, 3, 6, 5).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(4, 3, 3, 3), torch.randn(4)
+    y = torch.ops.opkit.conv2d_bias_leaky_relu(x, w, b, stride=1, padding=1, alpha=0.2)
+    assert y.shape == (2, 4, 6, 5) and y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y, F.leaky_relu(F.conv2d(x, w, b, 1, 1), 0.2), rtol=1e-5, atol=1e-5)
+
+
+def test_the_optimized_model_compiles_with_dynamic_shapes():
+    torch.manual_seed(0)
+    model = with_statistics(discriminator()).eval()[:-2].eval()
+    opt, _ = optimize(model, {"conv": "opkit", "layout": "NHWC"})
+    compiled = torch.compile(opt, backend="aot_eager", dynamic=True, fullgraph=True)
+    for n, size in [(2, 16), (3, 20)]:   # the fake kernels size OH, OW from the input's
+        x = torch.randn(n, 1, size, size)
+        with torch.no_grad():
+            y = compiled(x)
+            assert_rel(y, model(x), 1e-4)
+        assert y.shape == (n, 16, size // 4, size // 4)
+
+
+def test_optimizing_again_applies_the_new_config(x):
+    model = with_statistics(discriminator()).eval()[:-2].eval()
+    once, _ = optimize(model, {"conv": "opkit"})
+    twice, report = optimize(once, {"precision_mode": "force_fp16", "conv": "torch"})
+    assert list(report) == []                       # nothing left to fuse
+    fused = [m for m in twice.modules() if isinstance(m, FusedConvLeakyReLU)]
+    assert [(f.precision_mode, f.eval_conv) for f in fused] == [("force_fp16", "torch")] * 3
+    with torch.no_grad():
+        y32, y16 = once(x), twice(x)
+    assert 0 < (y16 - y32).abs().max() <= 1e-3 * y32.abs().max()
