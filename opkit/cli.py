@@ -312,6 +312,81 @@ def cmd_clean(args) -> int:
     return 0
 
 
+def _shape_option(text: str):
+    """`x=N,3,64,64` -> ("x", ("N", 3, 64, 64)); `x=` is a 0-d input."""
+    name, eq, dims = text.partition("=")
+    if not eq or not name:
+        raise ValueError(f"--shape takes NAME=DIMS, as x=N,3,64,64 (sizes, or names for free "
+                         f"dims), got {text!r}")
+    parts = [d.strip() for d in dims.split(",") if d.strip()]
+    return name, tuple(int(d) if d.isdigit() else d for d in parts)
+
+
+def _attr_option(op, text: str):
+    """`alpha=0.1` -> ("alpha", 0.1), read as the attr's declared type."""
+    name, eq, value = text.partition("=")
+    attrs = {a.name: a for a in op.spec.attrs}
+    if not eq or name not in attrs:
+        known = ", ".join(attrs) or "none"
+        raise ValueError(f"--attr takes NAME=VALUE with NAME an attr of {op.name} ({known}), "
+                         f"got {text!r}")
+    typ = attrs[name].type
+    try:
+        if typ == "str":
+            return name, value
+        if typ == "bool":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return name, value.lower() in ("true", "1")
+        if value.lower() in ("none", "null"):
+            return name, None
+        return name, int(value) if typ == "int" else float(value)
+    except ValueError:
+        raise ValueError(f"--attr {name}: expected {'an integer' if typ == 'int' else 'a number'}"
+                         f", got {value!r}") from None
+
+
+def cmd_export(args) -> int:
+    try:
+        from .onnx import export
+    except ImportError as exc:
+        print(f"opkit export: error: {exc}", file=sys.stderr)
+        return 1
+    ops = _select([args.name])
+    if len(ops) != 1:
+        raise ValueError(f"{args.name} declares {len(ops)} operators "
+                         f"({', '.join(o.name for o in ops)}); name one of them")
+    op = ops[0]
+    inputs = None
+    if args.shape:
+        shapes = dict(_shape_option(t) for t in args.shape)
+        unknown = set(shapes) - set(op.spec.input_names)
+        if unknown:
+            raise ValueError(f"--shape {sorted(unknown)[0]}: {op.name} has no such input (its "
+                             f"inputs: {', '.join(op.spec.input_names)})")
+        from .onnx.export import default_shapes
+        inputs = default_shapes(op.spec, shapes, args.layout)
+    attrs = dict(_attr_option(op, t) for t in args.attr)
+    try:
+        model = export(op, args.output, inputs, attrs, layout=args.layout, dtype=args.dtype,
+                       opset=args.opset, backward=args.backward)
+    except ImportError as exc:
+        print(f"opkit export: error: {exc}", file=sys.stderr)
+        return 1
+    props = {p.key: p.value for p in model.metadata_props}
+    ins = ", ".join(f"{i.name}{_dims(i)}" for i in model.graph.input)
+    outs = ", ".join(f"{o.name}{_dims(o)}" for o in model.graph.output)
+    print(f"wrote {args.output}: {op.name} ({props['pass']}, {props['dtype']}, layout "
+          f"{props['layout']}, opset {args.opset}) as the function {model.functions[0].domain}."
+          f"{model.functions[0].name}; inputs {ins}; outputs {outs}")
+    return 0
+
+
+def _dims(value_info) -> str:
+    dims = value_info.type.tensor_type.shape.dim
+    return "[" + ", ".join(d.dim_param or str(d.dim_value) for d in dims) + "]"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="opkit", description="Operator development kit: "
                                      "YAML declarations → validated, compiled kernels.")
@@ -340,6 +415,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     c = sub.add_parser("clean", help="remove the build cache")
     c.add_argument("--stale", action="store_true", help="only leftovers of builds that are no longer running")
     c.set_defaults(func=cmd_clean)
+    e = sub.add_parser("export", help="write an operator as an ONNX model and function")
+    e.add_argument("name", help="an operator, or a YAML file of one")
+    e.add_argument("-o", "--output", required=True, metavar="FILE.onnx", help="the model to write")
+    from .onnx.export import DEFAULT_OPSET, MIN_OPSET
+    e.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help=f"the ONNX opset (default {DEFAULT_OPSET}, at least {MIN_OPSET})")
+    e.add_argument("--layout", help="layout of 4-d inputs (default: the operator's first)")
+    e.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64", "bfloat16"],
+                   help="dtype of the inputs (default float32)")
+    e.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="an input's shape, sizes or names of free dims: x=N,3,64,64 (repeatable; "
+                        "default: the declared dims, free)")
+    e.add_argument("--attr", action="append", default=[], metavar="NAME=VALUE",
+                   help="an attr's value: its default in the function, and the choice of a str attr")
+    e.add_argument("--backward", action="store_true", help="export the backward pass instead")
+    add_path_option(e)
+    e.set_defaults(func=cmd_export)
     try:
         from .bench import add_parser as add_bench
         add_bench(sub)

@@ -18,7 +18,8 @@ EXAMPLES = REPO / "examples" / "user_ops"
 # Modules whose tests compile nothing: parsing, derivation, lowering and rendering. Every other
 # test is marked `build`, and `pytest -m "not build"` runs the front end alone in seconds. A test
 # here that compiles anyway fails (see `_front_end_builds_nothing`), unless marked `build` itself.
-FRONT_END = {"test_spec", "test_dsl", "test_lower_codegen", "test_architecture", "test_dsl_breadth"}
+FRONT_END = {"test_spec", "test_dsl", "test_lower_codegen", "test_architecture", "test_dsl_breadth",
+             "test_onnx_lowering"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -107,6 +107,12 @@ class Op:
     def _bwd(self) -> Optional[Executor]:
         return self._run_plans()[1]
 
+    def to_onnx(self, path=None, inputs=None, attrs=None, **options):
+        """Export to ONNX (opkit.onnx.export: example inputs or shapes, attrs, layout, dtype,
+        opset, backward); writes `path` when given and returns the ModelProto."""
+        from ..onnx import export
+        return export(self, path, inputs, attrs, **options)
+
     def source(self, isa: str = "") -> str:
         """The generated Cython module for `isa` (default: the isa setting): every variant's
         kernels in one module."""
