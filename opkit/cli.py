@@ -6,6 +6,7 @@ import concurrent.futures
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from typing import List, Optional
@@ -108,6 +109,8 @@ def _validated(op, result, revalidate: bool):
     from .builder.cache import write_json_atomic
     from .validate import validate_op
     path = result.entry / "validation.json"
+    if _cache_root().resolve() not in result.entry.resolve().parents:
+        return validate_op(op).to_dict()  # a shipped module (read-only): the report is printed
     if not revalidate and path.is_file():
         try:
             return json.loads(path.read_text())
@@ -199,8 +202,18 @@ def cmd_list(args) -> int:
         ins = ", ".join(s.input_names)
         attrs = ", ".join(f"{a.name}={a.default!r}" if not a.required else a.name for a in s.attrs)
         rows.append([s.name, ins, attrs or "-", ",".join(d.replace("float", "f") for d in s.dtypes),
-                     ",".join(s.layouts), s.summary])
-    print(_table(rows, ["operator", "inputs", "attrs", "dtypes", "layouts", "summary"]))
+                     ",".join(s.layouts), REGISTRY.origin(s.name) or os.path.dirname(s.file),
+                     s.summary])
+    print(_table(rows, ["operator", "inputs", "attrs", "dtypes", "layouts", "from", "summary"]))
+    status = 0
+    packages = REGISTRY.package_errors()
+    if packages:
+        print("\noperator packages:")
+        for problem in packages:
+            print("  " + problem)
+        print(f"opkit list: error: {len(packages)} problem(s) with installed operator packages "
+              "(see above)", file=sys.stderr)
+        status = 1
     broken = REGISTRY.broken()
     if broken:
         print("\nbroken (not loaded from OPKIT_PATH):")
@@ -210,7 +223,7 @@ def cmd_list(args) -> int:
         print(f"opkit list: error: {len(broken)} declaration file(s) in OPKIT_PATH could not be "
               f"loaded ({where}); fix them or take them out of OPKIT_PATH", file=sys.stderr)
         return 1
-    return 0
+    return status
 
 
 def cmd_show(args) -> int:
@@ -382,6 +395,36 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_package(args) -> int:
+    from pathlib import Path
+    import opkit
+    from .packaging.aot import build_ahead, parse_isas
+    from .packaging.wheel import names_for, write_wheel
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder of YAML operator declarations")
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    if not files:
+        raise ValueError(f"{folder} holds no .yaml declarations")
+    dist, package = names_for(folder, args.name)
+    names = opkit.load(folder)  # every file checked (and refused with file:line) first
+    ops = [opkit.get(n) for n in names]
+    isas = parse_isas(args.isa)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="opkit-package-") as tmp:
+        prebuilt = Path(tmp) / "prebuilt"
+        if isas:
+            print(f"building {len(ops)} operator(s) for {', '.join(isas)}", file=sys.stderr)
+            build_ahead(ops, prebuilt, isas, args.jobs,
+                        report=lambda line: print(line, file=sys.stderr))
+        wheel = write_wheel(Path(args.output), dist, args.version, package, files,
+                            prebuilt if isas else None, ", ".join(names))
+    print(f"wrote {wheel} ({len(names)} operator(s): {', '.join(names)}; modules for "
+          f"{', '.join(isas) or 'no ISA: compiled on first use'}; "
+          f"{time.perf_counter() - t0:.0f}s); install it with pip install {wheel}")
+    return 0
+
+
 def _dims(value_info) -> str:
     dims = value_info.type.tensor_type.shape.dim
     return "[" + ", ".join(d.dim_param or str(d.dim_value) for d in dims) + "]"
@@ -432,6 +475,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument("--backward", action="store_true", help="export the backward pass instead")
     add_path_option(e)
     e.set_defaults(func=cmd_export)
+    pk = sub.add_parser("package", help="build a wheel of a folder of operators and their kernels")
+    pk.add_argument("folder", help="a folder of YAML operator declarations")
+    pk.add_argument("-o", "--output", required=True, metavar="DIST", help="the folder to write the wheel into")
+    pk.add_argument("--name", help="the distribution name (default: the folder's name)")
+    pk.add_argument("--version", default="0.1.0", help="the package version (default 0.1.0)")
+    pk.add_argument("--isa", default="dist",
+                    help="what the kernels are built for: dist (portable and, on x86-64, "
+                         "x86-64-v3; the default), native (this CPU only), none, or a list")
+    pk.add_argument("-j", "--jobs", type=int, default=0, help="parallel builds (default: all cores)")
+    pk.set_defaults(func=cmd_package)
     try:
         from .bench import add_parser as add_bench
         add_bench(sub)

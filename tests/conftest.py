@@ -19,7 +19,7 @@ EXAMPLES = REPO / "examples" / "user_ops"
 # test is marked `build`, and `pytest -m "not build"` runs the front end alone in seconds. A test
 # here that compiles anyway fails (see `_front_end_builds_nothing`), unless marked `build` itself.
 FRONT_END = {"test_spec", "test_dsl", "test_lower_codegen", "test_architecture", "test_dsl_breadth",
-             "test_onnx_lowering"}
+             "test_onnx_lowering", "test_deploy_units"}
 
 
 def pytest_collection_modifyitems(config, items):
