@@ -10,7 +10,7 @@ from types import ModuleType as _ModuleType
 from typing import List as _List
 
 from .config import PRECISION_MODES, config, configure
-from .errors import BuildError, SpecError
+from .errors import BuildError, FusionWarning, SpecError
 from .quantize import quantize_alpha
 from .registry import REGISTRY as _REGISTRY
 from .registry import load_defaults as _load_defaults
@@ -51,5 +51,5 @@ ops = _Ops("opkit.ops", "Every registered operator, as an attribute.")
 
 _load_defaults()
 
-__all__ = ["list_ops", "get", "load", "ops", "Op", "SpecError", "BuildError",
+__all__ = ["list_ops", "get", "load", "ops", "Op", "SpecError", "BuildError", "FusionWarning",
            "configure", "config", "quantize_alpha", "PRECISION_MODES", "__version__"]

@@ -328,6 +328,11 @@ TARGETS = [
 ]
 
 
+from .bench_conv import CONV_TARGETS  # noqa: E402  (the fused convolutions: docs/fusion.md)
+
+TARGETS += CONV_TARGETS
+
+
 @dataclass
 class TargetResult:
     case: str

@@ -274,10 +274,11 @@ def _show(op, build: bool) -> str:
     from .lower import Kernel
     target = toolchain().target
     sch = lowered.schedule
+    out += _fusion_lines(lowered)
     for plan in (lowered.forward, lowered.backward):
         if plan is None:
             continue
-        for step in plan.steps:
+        for step in _flat_steps(plan):
             if not isinstance(step, Kernel):
                 out += ["", f"{step.name}: library call {step.prim}({', '.join(map(str, step.args))})"
                         f" -> {step.result}"]
@@ -303,6 +304,35 @@ def _show(op, build: bool) -> str:
     else:
         out.append(op.source())
     return "\n".join(out)
+
+
+def _fusion_lines(lowered) -> list:
+    """What became of every elementwise consumer of a conv2d or matmul result."""
+    from .backend import blas
+    from .lower import Fused
+    if not lowered.fusion:
+        return []
+    lib = blas()
+    out = ["", "## fusion", "",
+           f"BLAS for fused calls: {lib.describe() if lib else 'none (install SciPy); fused steps run their parts one after another'}"]
+    for plan in (lowered.forward, lowered.backward):
+        if plan is None:
+            continue
+        for step in plan.steps:
+            if isinstance(step, Fused):
+                epi = f"epilogue {step.epilogue.name}" if step.epilogue else "no epilogue"
+                out.append(f"{plan.kind} {step.name}: {step.call.prim} + {epi}"
+                           + (f" + {len(step.stats)} per-channel sums" if step.stats else "")
+                           + f", fused under {', '.join(step.layouts)}")
+        out += [f"  {plan.kind}: {note}" for note in plan.fusion]
+    return out
+
+
+def _flat_steps(plan):
+    """The plan's kernels and library calls, those inside fused steps included."""
+    from .lower import Fused
+    for step in plan.steps:
+        yield from (step.parts if isinstance(step, Fused) else (step,))
 
 
 def cmd_validate(args) -> int:

@@ -42,5 +42,10 @@ class SpecError(ValueError):
         return combined
 
 
+class FusionWarning(UserWarning):
+    """Elementwise work after a conv2d or matmul that does not run in the call's epilogue:
+    "Cannot fuse <consumer> with preceding op <producer> (<file>:<line>): <reason>"."""
+
+
 class BuildError(RuntimeError):
     """Generating or compiling a kernel module failed; the message shows where and why."""

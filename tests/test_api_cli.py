@@ -108,10 +108,10 @@ def test_cli_build_list_show_validate_clean(tmp_path, capsys, monkeypatch):
     assert main(["build", "-q", str(EXAMPLES)]) == 0
     out = capsys.readouterr().out
     assert "clipped_elu" in out and "scaled_leaky_relu" in out and "miss" in out
-    assert out.count("pass (") == 2
+    assert out.count("pass (") == 3
     assert main(["build", "-q", str(EXAMPLES)]) == 0
     out = capsys.readouterr().out
-    assert out.count(" hit ") == 2 and "miss" not in out
+    assert out.count(" hit ") == 3 and "miss" not in out
     assert main(["list"]) == 0
     assert "clipped_elu" in capsys.readouterr().out
     assert main(["show", "leaky_relu"]) == 0

@@ -12,7 +12,7 @@ TOL = {np.float16: 2e-3, np.float32: 2e-6, np.float64: 1e-13}
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded():
-    assert opkit.load(EXAMPLES) == ["clipped_elu", "scaled_leaky_relu"]
+    assert opkit.load(EXAMPLES) == ["clipped_elu", "eq_conv_leaky_relu", "scaled_leaky_relu"]
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
@@ -70,3 +70,20 @@ def test_examples_validate(name):
     report = validate_op(opkit.get(name))
     assert report.ok, report.format()
     assert {c.what for c in report.checks} >= {"forward float16", "backward float32", "gradcheck float64"}
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_eq_conv_leaky_relu_is_one_fused_step(layout):
+    """A user's own conv chain: fused (the file requires it) and equal to a direct NumPy sum."""
+    op = opkit.get("eq_conv_leaky_relu")
+    assert [type(s).__name__ for s in op.lowered().forward.steps] == ["Fused"]
+    rng = np.random.default_rng(1)
+    x, w, b = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((5, 3, 3, 3)), rng.standard_normal(5)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    z = sum(np.einsum("nchw,fc->nfhw", xp[:, :, p:p + 7:2, q:q + 6:2], w[:, :, p, q])
+            for p in range(3) for q in range(3)) * 0.25 + b[:, None, None]
+    want = np.where(z > 0, z, 0.2 * z) * 1.5
+    xl = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if layout == "NHWC" else x
+    y = op(xl, w, b, stride=2, scale=0.25, gain=1.5, layout=layout)
+    y = y.transpose(0, 3, 1, 2) if layout == "NHWC" else y
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)

@@ -20,7 +20,8 @@ from .._paths import templates_dir
 from .._version import __version__
 from ..dsl.graph import OpGraphs
 from ..dsl.primitives import PRIMITIVES
-from ..lower import (LOAD, Attr, Const, Instr, Kernel, Kind, Lowered, Reg, Schedule,
+from ..backend import blas
+from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, Lowered, Reg, Schedule,
                      compute_dtype, cost, listing, quantized)
 from ..lower.fuse import MAX_OPERANDS
 from ..lower.integer import fixed_point_factor
@@ -455,7 +456,34 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
                                               clip=plan.kind == "backward"))
     op = {"name": spec.name, "file_name": file_name, "dtypes": spec.dtypes, "passes": passes}
     fast = fast_context(spec, lowered, kernels) if not others else None
+    lib = blas()
+    fused = [f for low in [lowered, *(o[2] for o in others)]
+             for f in fused_contexts(low, kernels)] if lib is not None else []
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         fast=fast, codes={CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()},
-        max_operands=MAX_OPERANDS)
+        max_operands=MAX_OPERANDS, fused=fused,
+        blas=_printable(lib.describe()) if lib is not None else "")
+
+
+# ------------------------------------------------------------------------------ fused calls
+
+def fused_contexts(lowered: Lowered, kernels: Sequence[Dict]) -> List[Dict]:
+    """What the template needs for each fused step: its epilogue's and statistics' kernel
+    contexts (their element loops run on the call's output blocks); float instances only."""
+    by_name = {k["name"]: k for k in kernels}
+    out = []
+    for plan in (lowered.forward, lowered.backward):
+        if plan is None:
+            continue
+        for step in plan.steps:
+            if not isinstance(step, Fused):
+                continue
+            epi = by_name[step.epilogue.name] if step.epilogue is not None else None
+            stats = [by_name[st.kernel.name] if st.kernel is not None else None for st in step.stats]
+            pieces = [k for k in [epi, *stats] if k is not None]
+            instances = [c for c in _instances(("float32", "float64"))
+                         if all(c in k["instances"] for k in pieces)]
+            out.append({"name": step.name, "epi": epi, "stats": stats, "instances": instances,
+                        "producer": step.call.prim})
+    return out

@@ -26,6 +26,9 @@ class LibraryPrimitive:
     doc: str = ""
     scalar_args: Tuple[int, ...] = ()
     format: Optional[Callable] = None  # (argument texts, params) -> text, for printed graphs
+    # (node, sizes, value of a scalar argument) -> sizes of the dims the call creates (conv2d's
+    # OH, OW): the runtime sizes outputs with it, and it refuses impossible calls (ValueError)
+    sizes: Optional[Callable] = None
 
 
 LIBRARY: Dict[str, LibraryPrimitive] = {}
@@ -39,11 +42,39 @@ def register(p: LibraryPrimitive) -> LibraryPrimitive:
 
 
 class Context:
-    """What a library call may look at besides its arguments: the bound inputs of the call."""
+    """What a library call may look at besides its arguments: the bound inputs of the call and
+    the size of every dim (those of the inputs and those the calls create, see derive_sizes)."""
 
-    def __init__(self, inputs: Dict[str, Value], accumulate=None):
+    def __init__(self, inputs: Dict[str, Value], accumulate=None,
+                 sizes: Optional[Dict[str, int]] = None):
         self.inputs = inputs
         self.accumulate = accumulate  # dtype for sums (float64 in the reference)
+        self.sizes = dict(sizes) if sizes is not None else input_sizes(inputs)
+
+    def size(self, dim: str) -> int:
+        return self.sizes[dim]
+
+
+def input_sizes(inputs: Dict[str, Value]) -> Dict[str, int]:
+    """The sizes of the named dims of some arrays (a size-1 axis may be a broadcast one)."""
+    sizes: Dict[str, int] = {}
+    for arr, names in inputs.values():
+        for n, s in zip(names, np.shape(arr)):
+            if sizes.get(n, 1) == 1:
+                sizes[n] = s
+    return sizes
+
+
+def derive_sizes(nodes, sizes: Dict[str, int], value_of: Callable[[Node], float]) -> Dict[str, int]:
+    """`sizes` plus the sizes of the dims that library calls among `nodes` (in topological order)
+    create; `value_of` gives the number of an attr or constant node. ValueError for a call that
+    cannot be made with these sizes (a kernel larger than its padded input)."""
+    out = dict(sizes)
+    for n in nodes:
+        rule = LIBRARY[n.op].sizes if n.op in LIBRARY else None
+        if rule is not None:
+            out.update(rule(n, out, value_of))
+    return out
 
 
 def _scalar(value: Value) -> float:
@@ -80,6 +111,15 @@ def _run_sum(ctx: Context, args, params):
     return arr.sum(axis=axes, dtype=ctx.accumulate), tuple(n for n in names if n in keep)
 
 
+def _reduced(v: Node, dim: str, what: str) -> Tuple[str, ...]:
+    if v.dims is None:
+        raise ValueError(f"{what}(v, D) needs a value with named dims (inputs with shape: [...] or "
+                         "a 4-d layout)")
+    if dim not in v.dims:
+        raise ValueError(f"{what}: {dim!r} is not a dim of its argument (dims {', '.join(v.dims)})")
+    return tuple(d for d in v.dims if d != dim)
+
+
 def reduce_to(value: Node, dims: Tuple[str, ...]) -> Node:
     """Sum `value` over every dim that is not in `dims` (dims known at call time)."""
     if value.dims == dims:
@@ -97,12 +137,59 @@ register(LibraryPrimitive("sum", _run_sum, _sum_vjp, "vreduce_sum",
 
 
 def dsl_sum(v: Node, dim: str) -> Node:
-    if v.dims is None:
-        raise ValueError("sum(v, D) needs a value with named dims (inputs with shape: [...] or a "
-                         "4-d layout)")
-    if dim not in v.dims:
-        raise ValueError(f"sum: {dim!r} is not a dim of its argument (dims {', '.join(v.dims)})")
-    return reduce_to(v, tuple(d for d in v.dims if d != dim))
+    return reduce_to(v, _reduced(v, dim, "sum"))
+
+
+# ------------------------------------------------------------------------------ mean over dims
+
+def _run_mean(ctx: Context, args, params):
+    (arr, names), = args
+    keep = params[0]
+    axes = tuple(i for i, n in enumerate(names) if n not in keep)
+    # a dim the array lacks (or holds once, broadcast) is constant along it: its mean is itself
+    if axes and any(arr.shape[i] == 0 for i in axes):  # the mean of nothing is NaN
+        arr = np.full([s for i, s in enumerate(arr.shape) if i not in axes], np.nan, arr.dtype)
+    elif axes:
+        arr = arr.mean(axis=axes, dtype=ctx.accumulate or arr.dtype)
+    return arr, tuple(n for n in names if n in keep)
+
+
+def mean_over(v: Node, keep: Tuple[str, ...]) -> Node:
+    if v.op == "mean":  # mean(mean(v, N), H): one mean over both dims
+        v = v.args[0]
+    return Node("mean", (v,), (tuple(keep),), "float", tuple(keep))
+
+
+def _mean_vjp(g, out, v):
+    removed = tuple(d for d in v.dims if d not in out.params[0])
+    return (Node("share", (g,), (removed,), "float", g.dims),)
+
+
+register(LibraryPrimitive("mean", _run_mean, _mean_vjp, "vreduce_mean",
+                          "the mean over the dims not kept (named dims)",
+                          format=lambda a, p: f"mean({a[0]}, keep=[{', '.join(p[0])}])"))
+
+
+def _run_share(ctx: Context, args, params):
+    (arr, names), = args
+    count = 1
+    for d in params[0]:
+        count *= ctx.size(d)
+    # an empty mean has no gradient to share: 0, not 0 / 0
+    return arr / count if count else np.zeros_like(arr), names
+
+
+def _share_vjp(g, out, v):
+    return (Node("share", (g,), out.params, "float", g.dims),)
+
+
+register(LibraryPrimitive("share", _run_share, _share_vjp, "vdivs",
+                          "a mean's gradient: divided by the number of elements it averaged",
+                          format=lambda a, p: f"share({a[0]}, [{', '.join(p[0])}])"))
+
+
+def dsl_mean(v: Node, dim: str) -> Node:
+    return mean_over(v, _reduced(v, dim, "mean"))
 
 
 # ------------------------------------------------------------------------------ einsum / matmul
@@ -252,3 +339,198 @@ def _fourier_builder(kind: str):
 
 fft_up = _fourier_builder("up")
 fft_down = _fourier_builder("down")
+
+
+# ------------------------------------------------------------------------------ conv2d
+#
+# x has the logical dims (N, C, H, W) (an input with an NCHW / NHWC layout, whatever its memory
+# order), w the dims (O, C, KH, KW) in PyTorch's order; the result has the dims (N, O, OH, OW),
+# with OH = (H + 2 * padding - KH) // stride + 1. Its gradients are a transposed convolution
+# (conv2d_dx) and a correlation of x with the output gradient (conv2d_dw).
+
+def conv_size(n: int, k: int, stride: int, padding: int) -> int:
+    return (n + 2 * padding - k) // stride + 1
+
+
+def conv_ints(stride, padding) -> Tuple[int, int]:
+    """stride and padding as the whole numbers they must be (ValueError otherwise)."""
+    s, p = float(np.asarray(stride)), float(np.asarray(padding))
+    if not (s.is_integer() and s >= 1):
+        raise ValueError(f"conv2d: stride must be a whole number >= 1, got {s:g}")
+    if not (p.is_integer() and p >= 0):
+        raise ValueError(f"conv2d: padding must be a whole number >= 0, got {p:g}")
+    return int(s), int(p)
+
+
+def _windows(x: np.ndarray, kh: int, kw: int, stride: int, padding: int, oh: int, ow: int):
+    """The (N, C, OH, OW, KH, KW) view of x's padded receptive fields (no copy but the padding)."""
+    if padding:
+        x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    win = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))
+    return win[:, :, ::stride, ::stride][:, :, :oh, :ow]
+
+
+def _im2col(image: np.ndarray, kh: int, kw: int, stride: int, padding: int, oh: int, ow: int,
+            dtype) -> np.ndarray:
+    """One image's (C, H, W) receptive fields as a (C * KH * KW, OH * OW) matrix."""
+    c = image.shape[0]
+    cols = _windows(image[None], kh, kw, stride, padding, oh, ow)[0]    # C, OH, OW, KH, KW
+    return cols.transpose(0, 3, 4, 1, 2).reshape(c * kh * kw, oh * ow).astype(dtype, copy=False)
+
+
+def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dtype=None) -> np.ndarray:
+    """y[n, o, i, j] = sum over c, p, q of x[n, c, i*s - pad + p, j*s - pad + q] * w[o, c, p, q],
+    x (N, C, H, W) and w (O, C, KH, KW): NumPy, one image at a time (im2col and a product)."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    oh, ow = conv_size(h, kh, stride, padding), conv_size(wd, kw, stride, padding)
+    dtype = np.result_type(x, w) if dtype is None else dtype
+    out = np.empty((n, o, oh, ow), dtype=dtype)
+    wmat = w.reshape(o, -1).astype(dtype, copy=False)
+    for i in range(n):
+        out[i] = (wmat @ _im2col(x[i], kh, kw, stride, padding, oh, ow, dtype)).reshape(o, oh, ow)
+    return out
+
+
+def conv2d_dx_ref(g: np.ndarray, w: np.ndarray, stride: int, padding: int, h: int, wd: int,
+                  dtype=None) -> np.ndarray:
+    """The gradient with respect to x of conv2d: a transposed convolution of g (N, O, OH, OW)
+    with w, onto x's (N, C, H, W); input rows no window reaches get 0."""
+    n, o, oh, ow = g.shape
+    _, c, kh, kw = w.shape
+    dtype = np.result_type(g, w) if dtype is None else dtype
+    padded = np.zeros((n, c, h + 2 * padding + stride, wd + 2 * padding + stride), dtype=dtype)
+    # cols[n, c, p, q, i, j] = sum over o of w[o, c, p, q] * g[n, o, i, j]
+    cols = np.tensordot(w.astype(dtype, copy=False), g.astype(dtype, copy=False), axes=([0], [1]))
+    cols = cols.transpose(3, 0, 1, 2, 4, 5)
+    for p in range(kh):
+        for q in range(kw):
+            padded[:, :, p:p + stride * oh:stride, q:q + stride * ow:stride] += cols[:, :, p, q]
+    return padded[:, :, padding:padding + h, padding:padding + wd]
+
+
+def conv2d_dw_ref(x: np.ndarray, g: np.ndarray, stride: int, padding: int, kh: int, kw: int,
+                  dtype=None) -> np.ndarray:
+    """The gradient with respect to w of conv2d: the correlation of x with g, (O, C, KH, KW),
+    summed image by image (g's rows times the image's receptive fields)."""
+    n, c, h, wd = x.shape
+    _, o, oh, ow = g.shape
+    dtype = np.result_type(x, g) if dtype is None else dtype
+    out = np.zeros((o, c * kh * kw), dtype=dtype)
+    for i in range(n):
+        cols = _im2col(x[i], kh, kw, stride, padding, oh, ow, dtype)
+        out += g[i].reshape(o, oh * ow).astype(dtype, copy=False) @ cols.T
+    return out.reshape(o, c, kh, kw)
+
+
+def _logical(value: Value, dims: Tuple[str, ...]) -> np.ndarray:
+    arr, names = value
+    return named.expand_to(arr, names, dims)
+
+
+def _conv_dtype(ctx: Context, *arrays) -> np.dtype:
+    return np.dtype(ctx.accumulate) if ctx.accumulate is not None else np.result_type(*arrays)
+
+
+def _run_conv2d(ctx: Context, args, params):
+    xv, wv, stride, padding = args
+    x_dims, w_dims, out_dims = params
+    x, w = _logical(xv, x_dims), _logical(wv, w_dims)
+    s, p = conv_ints(stride[0], padding[0])
+    return conv2d_ref(x, w, s, p, _conv_dtype(ctx, x, w)), out_dims
+
+
+def _run_conv2d_dx(ctx: Context, args, params):
+    gv, wv, stride, padding = args
+    g_dims, w_dims, x_dims = params
+    g, w = _logical(gv, g_dims), _logical(wv, w_dims)
+    s, p = conv_ints(stride[0], padding[0])
+    out = conv2d_dx_ref(g, w, s, p, ctx.size(x_dims[2]), ctx.size(x_dims[3]), _conv_dtype(ctx, g, w))
+    return out, x_dims
+
+
+def _run_conv2d_dw(ctx: Context, args, params):
+    xv, gv, stride, padding = args
+    x_dims, g_dims, w_dims = params
+    x, g = _logical(xv, x_dims), _logical(gv, g_dims)
+    s, p = conv_ints(stride[0], padding[0])
+    out = conv2d_dw_ref(x, g, s, p, ctx.size(w_dims[2]), ctx.size(w_dims[3]), _conv_dtype(ctx, x, g))
+    return out, w_dims
+
+
+def _conv2d_vjp(g, out, x, w, stride, padding):
+    x_dims, w_dims, out_dims = out.params
+    dx = Node("conv2d_dx", (g, w, stride, padding), (out_dims, w_dims, x_dims), "float", x_dims)
+    dw = Node("conv2d_dw", (x, g, stride, padding), (x_dims, out_dims, w_dims), "float", w_dims)
+    return (dx, dw, None, None)
+
+
+def _conv2d_dx_vjp(g, out, gy, w, stride, padding):
+    # linear in each argument: the adjoint of a transposed convolution is the convolution
+    g_dims, w_dims, x_dims = out.params
+    dg = Node("conv2d", (g, w, stride, padding), (x_dims, w_dims, g_dims), "float", g_dims)
+    dw = Node("conv2d_dw", (g, gy, stride, padding), (x_dims, g_dims, w_dims), "float", w_dims)
+    return (dg, dw, None, None)
+
+
+def _conv2d_dw_vjp(g, out, x, gy, stride, padding):
+    x_dims, g_dims, w_dims = out.params
+    dx = Node("conv2d_dx", (gy, g, stride, padding), (g_dims, w_dims, x_dims), "float", x_dims)
+    dg = Node("conv2d", (x, g, stride, padding), (x_dims, w_dims, g_dims), "float", g_dims)
+    return (dx, dg, None, None)
+
+
+def _conv_sizes(node: Node, sizes: Dict[str, int], value_of) -> Dict[str, int]:
+    x_dims, w_dims, out_dims = node.params
+    s, p = conv_ints(value_of(node.args[2]), value_of(node.args[3]))
+    out = {}
+    for axis, (d, k) in enumerate(((x_dims[2], w_dims[2]), (x_dims[3], w_dims[3]))):
+        if d not in sizes or k not in sizes:
+            continue
+        size = conv_size(sizes[d], sizes[k], s, p)
+        if size < 1:
+            raise ValueError(f"conv2d: the kernel is larger than the padded input along {d}: "
+                             f"{d} = {sizes[d]} with padding {p} on each side, {k} = {sizes[k]}")
+        out[out_dims[2 + axis]] = size
+    return out
+
+
+def _conv_format(what: str):
+    return lambda a, p: f"{what}({a[0]}, {a[1]}, stride={a[2]}, padding={a[3]})"
+
+
+register(LibraryPrimitive("conv2d", _run_conv2d, _conv2d_vjp, "vconv",
+                          "2-d convolution (cross-correlation) of x[N, C, H, W] with w[O, C, KH, KW]",
+                          scalar_args=(2, 3), format=_conv_format("conv2d"), sizes=_conv_sizes))
+register(LibraryPrimitive("conv2d_dx", _run_conv2d_dx, _conv2d_dx_vjp, "vconv_dx",
+                          "conv2d's gradient with respect to x: a transposed convolution",
+                          scalar_args=(2, 3), format=_conv_format("conv2d_dx")))
+register(LibraryPrimitive("conv2d_dw", _run_conv2d_dw, _conv2d_dw_vjp, "vconv_dw",
+                          "conv2d's gradient with respect to w: a correlation of x with dy",
+                          scalar_args=(2, 3), format=_conv_format("conv2d_dw")))
+
+
+def _whole(value: Node, what: str, low: int) -> None:
+    if value.is_const and not (float(value.value).is_integer() and value.value >= low):
+        raise ValueError(f"conv2d: {what} must be a whole number >= {low}, got {value.value:g}")
+
+
+def conv2d(x: Node, w: Node, stride: Node, padding: Node) -> Node:
+    """conv2d(x, w, stride, padding) of the expression language."""
+    if x.dims is None or len(x.dims) != 4:
+        raise ValueError("conv2d needs x with the 4 dims N, C, H, W: declare it with "
+                         "layouts: [NCHW, NHWC]")
+    if w.dims is None or len(w.dims) != 4:
+        raise ValueError("conv2d needs weights declared with shape: [O, C, KH, KW] (PyTorch's order)")
+    if w.dims[1] != x.dims[1]:
+        raise ValueError(f"conv2d: the second dim of the weights ({w.dims[1]}) must be the channel "
+                         f"dim of x ({x.dims[1]}): declare the weights with shape: "
+                         f"[O, {x.dims[1]}, KH, KW]")
+    _whole(stride, "stride", 1)
+    _whole(padding, "padding", 0)
+    out = (x.dims[0], w.dims[0], "O" + x.dims[2], "O" + x.dims[3])
+    clash = [d for d in out[1:] if out.count(d) > 1 or (d in x.dims + w.dims and d != w.dims[0])]
+    if clash or w.dims[0] in (x.dims[0], x.dims[2], x.dims[3]):
+        raise ValueError(f"conv2d: the result's dims would be [{', '.join(out)}], which repeats or "
+                         "reuses a dim name of x or the weights; rename the weights' dims")
+    return Node("conv2d", (x, w, stride, padding), (x.dims, w.dims, out), "float", out)

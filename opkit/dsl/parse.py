@@ -37,6 +37,8 @@ _FUNCTIONS: Dict[str, tuple] = {
     "sum": (2, library.dsl_sum),
     "fft_up": (3, library.fft_up),
     "fft_down": (3, library.fft_down),
+    "mean": (2, library.dsl_mean),
+    "conv2d": (4, library.conv2d),
 }
 FUNCTION_NAMES = tuple(sorted(_FUNCTIONS)) + tuple(sorted(_CONSTANTS))
 
@@ -361,7 +363,8 @@ class _Parser:
 
 
 _CALL_KINDS = {"sum": ("float", "dim"), "fft_up": ("float", "dim", "scalar"),
-               "fft_down": ("float", "dim", "scalar"),
+               "fft_down": ("float", "dim", "scalar"), "mean": ("float", "dim"),
+               "conv2d": ("float", "float", "scalar", "scalar"),
                **{p.function: p.arg_kinds for p in PRIMITIVES.values() if p.function}}
 
 

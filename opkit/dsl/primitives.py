@@ -416,9 +416,11 @@ for _name, _fn, _form, _doc in (
                         doc=_doc, grad_doc="0", vectorizes="sse4_1", branch=_itself(_name),
                         function=_name))
 
-# sign(-0) is +0 and sign(NaN) is NaN, as in NumPy: x - x is 0 for every finite x and NaN for NaN
-_register(Primitive("sign", (F,), F, np.sign, "(({0} > 0) - ({0} < 0) + ({0} - {0}))", "vsign",
-                    None, 3, _zero_vjp, doc="-1, 0 or 1 by the sign of x; NaN stays NaN",
+# sign(-0) is +0 and sign(NaN) is NaN, as in NumPy: x - x is +0 for +-0 and NaN for NaN (and
+# only reached by those: the infinities take the first two branches)
+_register(Primitive("sign", (F,), F, np.sign,
+                    "(1 if {0} > 0 else (-1 if {0} < 0 else {0} - {0}))", "vsign", None, 3,
+                    _zero_vjp, doc="-1, 0 or 1 by the sign of x; NaN stays NaN",
                     grad_doc="0", branch=lambda x: (apply("gt", x, ZERO), apply("lt", x, ZERO)),
                     function="sign"))
 _register(Primitive("sin", (F,), F, np.sin, "sin{f}({0})", "vsin", None, 15,

@@ -10,10 +10,12 @@ from typing import Optional
 from ..dsl.graph import OpGraphs
 from ..errors import SpecError
 from ..spec.model import OpSpec
+from .epilogue import fuse_epilogues
 from .fuse import fuse
 from .integer import check_integer, quantized
 from .listing import Cost, compute_dtype, cost, listing
-from .plan import (LOAD, Attr, Const, Instr, Kernel, Kind, LibCall, Plan, Reg, Schedule, Value)
+from .plan import (LOAD, Attr, Const, Fused, FusionNote, Instr, Kernel, Kind, LibCall, Plan, Reg,
+                   Schedule, Stat, Value)
 
 DEFAULT_TILE = 1024
 # Below this many float32 (or float16) elements one thread runs, half as many for float64: an
@@ -32,6 +34,11 @@ class Lowered:
     def kernels(self):
         return self.forward.kernels + (self.backward.kernels if self.backward else ())
 
+    @property
+    def fusion(self):
+        """What became of every elementwise consumer of a conv2d or matmul result."""
+        return self.forward.fusion + (self.backward.fusion if self.backward else ())
+
 
 def make_schedule(spec: OpSpec) -> Schedule:
     s = spec.schedule
@@ -44,7 +51,7 @@ def make_schedule(spec: OpSpec) -> Schedule:
 def lower(spec: OpSpec, graphs: OpGraphs) -> Lowered:
     # a variant's kernels are named apart from the others' (v1fwd0 ...): one module holds all
     prefix = graphs.variant.prefix if graphs.variant is not None else ""
-    forward = fuse(graphs.forward, prefix + "fwd")
+    forward = fuse_epilogues(fuse(graphs.forward, prefix + "fwd"), spec)
     if spec.int_dtypes:
         check_integer(spec, forward)
     for out_name, in_name in spec.schedule.inplace:
@@ -52,7 +59,12 @@ def lower(spec: OpSpec, graphs: OpGraphs) -> Lowered:
             raise SpecError(f"schedule.inplace: {out_name} cannot overwrite {in_name}: "
                             f"{in_name} is still read after {out_name} is written",
                             spec.schedule.loc)
-    backward = fuse(graphs.backward, prefix + "bwd") if graphs.differentiable else None
+    if spec.schedule.fuse == "required":
+        missed = next((n for n in forward.fusion if not n.fused), None)
+        if missed is not None:
+            raise SpecError(f"schedule.fuse is required, but: {missed}", missed.loc or spec.schedule.loc)
+    backward = (fuse_epilogues(fuse(graphs.backward, prefix + "bwd"), spec)
+                if graphs.differentiable else None)
     return Lowered(forward, backward, make_schedule(spec))
 
 
@@ -62,11 +74,10 @@ def inplace_safe(plan: Plan, out: Value, inp: Value) -> bool:
                    if isinstance(s, Kernel) and out in s.outputs), None)
     if writer is None or inp not in plan.steps[writer].inputs:
         return False
-    readers = [i for i, s in enumerate(plan.steps)
-               if inp in (s.inputs if isinstance(s, Kernel) else s.args)]
+    readers = [i for i, s in enumerate(plan.steps) if inp in s.reads]
     return all(i <= writer for i in readers)
 
 
-__all__ = ["lower", "Lowered", "Plan", "Kernel", "LibCall", "Instr", "Schedule", "Value", "Kind",
+__all__ = ["lower", "Lowered", "Plan", "Kernel", "LibCall", "Fused", "Stat", "FusionNote", "Instr", "Schedule", "Value", "Kind",
            "Reg", "Attr", "Const", "LOAD", "listing", "cost", "Cost", "compute_dtype",
            "make_schedule", "quantized", "inplace_safe"]

@@ -13,7 +13,7 @@ from typing import Dict, List, Set, Tuple
 from ..dsl.graph import Graph
 from ..dsl.ir import Node
 from ..dsl.library import LIBRARY
-from ..dsl.primitives import PRIMITIVES
+from ..dsl.primitives import PRIMITIVES, _dims
 from ..errors import SpecError
 from .plan import LOAD, Attr, Const, Instr, Kernel, LibCall, Plan, Reg, Value
 
@@ -74,13 +74,13 @@ def fuse(graph: Graph, prefix: str) -> Plan:
             ordered.append(LibCall(f"{prefix}lib{len(ordered)}", node.op,
                                    tuple(_scalar_ref(a) if i in LIBRARY[node.op].scalar_args
                                          else holder[id(a)] for i, a in enumerate(node.args)),
-                                   node.params, holder[id(node)]))
+                                   node.params, holder[id(node)], node.dims, node.loc))
             continue
         if isinstance(step, _Copy) and id(step.node) in holder and step.node.op != "input":
             # a second output with the value of an earlier one: copy it, do not recompute
             load = Instr(Reg(0), LOAD, (), "float", slot=0)
             ordered.append(Kernel(f"{prefix}{k}", (holder[id(step.node)],), (step.output,), (),
-                                  (load,), (load.dst,)))
+                                  (load,), (load.dst,), (), step.node.dims, (step.node.dims,)))
         elif isinstance(step, _Copy):
             ordered.append(_kernel(f"{prefix}{k}", [step.node], [step.output], holder, mat))
         else:
@@ -213,6 +213,7 @@ def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int
     ssa: Dict[int, object] = {}
     body: List[Instr] = []
     inputs: List[Value] = []
+    in_dims: List = []
     attrs: List[str] = []
     locs = []
     for n in order:
@@ -226,6 +227,7 @@ def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int
             value = holder[id(n)]
             if value not in inputs:
                 inputs.append(value)
+                in_dims.append(n.dims)
             ins = Instr(Reg(len(body)), LOAD, (), "float", slot=inputs.index(value))
             body.append(ins)
             ssa[id(n)] = ins.dst
@@ -240,4 +242,5 @@ def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int
                         f"at most {MAX_OPERANDS} are supported: split the operator",
                         next((r.loc for r in roots if r.loc is not None), None))
     return Kernel(name, tuple(inputs), tuple(outputs), tuple(attrs), tuple(body),
-                  tuple(ssa[id(r)] for r in roots), tuple(sorted(locs, key=lambda l: l.line)))
+                  tuple(ssa[id(r)] for r in roots), tuple(sorted(locs, key=lambda l: l.line)),
+                  _dims(roots), tuple(in_dims))

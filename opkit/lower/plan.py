@@ -122,6 +122,16 @@ class Kernel:
     body: Tuple[Instr, ...]
     results: Tuple[Operand, ...]  # what is stored to each output
     locs: Tuple[Loc, ...] = ()    # declaration lines this kernel comes from
+    dims: Optional[Tuple[str, ...]] = None   # the named dims it iterates over (None: positional)
+    in_dims: Tuple[Optional[Tuple[str, ...]], ...] = ()   # each input's named dims
+
+    @property
+    def reads(self) -> Tuple[Value, ...]:
+        return self.inputs
+
+    @property
+    def writes(self) -> Tuple[Value, ...]:
+        return self.outputs
 
     @functools.cached_property
     def operands(self) -> Tuple[Value, ...]:
@@ -170,9 +180,88 @@ class LibCall:
     args: Tuple[Union[Value, Attr, Const], ...]   # arrays, or numbers (a resampling factor)
     params: tuple
     result: Value
+    dims: Optional[Tuple[str, ...]] = None        # the result's named dims
+    loc: Optional[Loc] = None                     # where the call is written
+
+    @property
+    def reads(self) -> Tuple[Value, ...]:
+        return tuple(a for a in self.args if isinstance(a, Value))
+
+    @property
+    def writes(self) -> Tuple[Value, ...]:
+        return (self.result,)
 
 
-Step = Union[Kernel, LibCall]
+@dataclass(frozen=True)
+class Stat:
+    """A per-channel mean that a fused call accumulates in its epilogue: `call` (a `mean` keeping
+    only the channel dim) of the call's result, or of what `kernel` computes from it elementwise."""
+
+    call: LibCall
+    kernel: Optional[Kernel] = None
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A library call (conv2d) with the elementwise work that consumes its result run on each
+    block of that result while it is in cache: `epilogue` reads the block (the call's result
+    value) and writes its outputs; `stats` are per-channel means accumulated on the way. In the
+    layouts not in `layouts` (or without a compiled backend) the parts run one after another."""
+
+    name: str
+    call: LibCall
+    epilogue: Optional[Kernel]
+    stats: Tuple[Stat, ...]
+    channel: str                  # the dim the statistics keep
+    layouts: Tuple[str, ...]      # the call layouts the epilogue fuses in
+
+    @property
+    def parts(self) -> Tuple[Union[Kernel, LibCall], ...]:
+        """The steps it stands for, in an order that runs them one after another."""
+        out: list = [self.call]
+        for st in self.stats:
+            out += [st.kernel, st.call] if st.kernel is not None else [st.call]
+        return tuple(out) + ((self.epilogue,) if self.epilogue is not None else ())
+
+    @property
+    def kernels(self) -> Tuple[Kernel, ...]:
+        return tuple(p for p in self.parts if isinstance(p, Kernel))
+
+    @property
+    def reads(self) -> Tuple[Value, ...]:
+        inner = {w for p in self.parts for w in p.writes}
+        return tuple(dict.fromkeys(r for p in self.parts for r in p.reads if r not in inner))
+
+    @property
+    def writes(self) -> Tuple[Value, ...]:
+        return tuple(w for p in self.parts for w in p.writes)
+
+
+@dataclass(frozen=True)
+class FusionNote:
+    """What became of one elementwise consumer of a conv2d or matmul result: fused into the
+    call's epilogue, or why not (shown by `opkit show`, warned at build)."""
+
+    pass_kind: str                # forward | backward
+    producer: str                 # conv2d, matmul
+    producer_loc: Optional[Loc]
+    consumer: str                 # the consuming primitive (add, where ...) or library call
+    loc: Optional[Loc]            # where the consumer is written
+    fused: bool
+    reason: str                   # how it fused, or why it cannot
+
+    def where(self) -> str:
+        loc = self.loc or self.producer_loc
+        return f"{loc.file}:{loc.line}" if loc is not None else "?"
+
+    def __str__(self) -> str:
+        if self.fused:
+            return f"{self.consumer} ({self.where()}): {self.reason}"
+        return (f"Cannot fuse {self.consumer} with preceding op {self.producer} ({self.where()}): "
+                f"{self.reason}")
+
+
+Step = Union[Kernel, LibCall, Fused]
 
 
 @dataclass(frozen=True)
@@ -184,6 +273,12 @@ class Plan:
     steps: Tuple[Step, ...]
     temps: Tuple[Value, ...] = field(default=())
 
+    fusion: Tuple[FusionNote, ...] = ()
+
     @property
     def kernels(self) -> Tuple[Kernel, ...]:
-        return tuple(s for s in self.steps if isinstance(s, Kernel))
+        """Every kernel, those inside fused steps included (each is compiled)."""
+        out = []
+        for s in self.steps:
+            out += [s] if isinstance(s, Kernel) else list(s.kernels) if isinstance(s, Fused) else []
+        return tuple(out)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..dsl import named
 from ..spec.model import DTYPES, FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
+from .shapes import shape_rules
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
 def _known(name: str):
@@ -246,7 +247,7 @@ class Shapes:
 
 
 def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str,
-            extra: Sequence[Tuple[str, np.ndarray, str]]) -> Shapes:
+            extra: Sequence[Tuple[str, np.ndarray, str]], attrs: Dict[str, object]) -> Shapes:
     names = input_names(spec, arrays, layout, where)
     values = {n: (arrays[n], names[n]) for n in arrays}
     labels = [_label(n, arrays[n]) for n in arrays]
@@ -259,6 +260,12 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
         sizes = named.dim_sizes(list(values.values()), labels, exact)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+    rules = shape_rules(spec)
+    try:
+        sizes = rules.derive(sizes, attrs)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    own_dims = dict(rules.outputs)
     float_dtypes = [a.dtype for a in arrays.values() if dtype_name(a.dtype) in FLOAT_DTYPES]
     # floats promote as in NumPy; integer-only calls run in the integers' common dtype
     dtype = np.result_type(*(float_dtypes or [a.dtype for a in arrays.values()]))
@@ -285,6 +292,9 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
                         raise ValueError(f"{where}: {_label(i.name, arr)} does not broadcast to "
                                          f"{_label(o.like, like_arr)}: it has more dims")
             outputs[o.name] = (like_names, like_arr.shape, o.like)
+        elif o.name in own_dims:  # a conv2d result, per-channel statistics ...
+            names = rules.physical(own_dims[o.name], layout)
+            outputs[o.name] = (names, tuple(sizes[n] for n in names), None)
         else:
             union = named.union_names([nm for _, nm in values.values()])
             outputs[o.name] = (union, tuple(sizes[n] for n in union), None)
@@ -315,11 +325,15 @@ def bind(spec: OpSpec, given: dict, layout: Optional[str], where: str,
     arrays = {i.name: as_array(given[i.name], i.name, i.dtypes, where) for i in spec.inputs
               if not (i.optional and given.get(i.name) is None)}
     extras = [(name, as_array(value, name, FLOAT_DTYPES, where), like) for name, value, like in extra]
+    rules = shape_rules(spec)
+    # attrs that decide sizes (a conv2d's stride) are checked first; the others after the shapes
+    early = check_attrs(spec, given, where) if rules.attrs else None
     key = (layout, tuple((n, a.shape, a.dtype) for n, a in arrays.items()),
-           tuple((n, a.shape, a.dtype, like) for n, a, like in extras))
+           tuple((n, a.shape, a.dtype, like) for n, a, like in extras),
+           rules.key(early) if early is not None else ())
     shapes = cache.get(key) if cache is not None else None
     if shapes is None:
-        shapes = _shapes(spec, arrays, layout, where, extras)
+        shapes = _shapes(spec, arrays, layout, where, extras, early or {})
         if cache is not None:
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()

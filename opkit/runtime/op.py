@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -17,7 +18,9 @@ from .precision import apply_mode, quantized_attrs
 from ..codegen import render
 from ..dsl.graph import OpGraphs, build_graphs
 from ..dsl.variants import Variant, pick, variants
-from ..lower import Lowered, Value, lower
+from ..backend import blas
+from ..errors import FusionWarning
+from ..lower import Fused, Lowered, Value, lower
 from ..spec.model import OpSpec
 from .bind import Bound, bind, split_args
 from .execute import Executor
@@ -121,9 +124,24 @@ class Op:
         others = [(v, self.graphs_of(v), self.lowered(v)) for v in self.variants[1:]]
         return render(self.spec, self.graphs, self.lowered(), toolchain(isa).target, others)
 
+    def fusion_notes(self) -> Tuple[str, ...]:
+        """The forward pass's "Cannot fuse ..." lines: the ones FusionWarning reports at build
+        (`opkit show` lists every line, the backward's included)."""
+        lowered = self.lowered()
+        notes = [str(n) for n in lowered.forward.fusion if not n.fused]
+        if blas() is None:  # the fused steps run their parts one after another
+            notes += [f"Cannot fuse the epilogue of {s.call.prim} ({s.call.loc}): no BLAS backend "
+                      "for fused calls (install SciPy: pip install 'opkit[blas]'); the call and its "
+                      "epilogue run one after another" for s in lowered.forward.steps
+                      if isinstance(s, Fused)]
+        return tuple(notes)
+
     def build(self, force: bool = False, isa: str = "") -> BuildResult:
-        """Compile the kernels into the cache (a cache hit does no work)."""
+        """Compile the kernels into the cache (a cache hit does no work). Each unfused epilogue
+        of the forward pass is reported as an opkit.FusionWarning."""
         tc = toolchain(isa)
+        for note in self.fusion_notes():
+            warnings.warn(note, FusionWarning, stacklevel=2)
         with self._lock:
             try:
                 result = build(self.name, self.source(tc.target.isa), self.spec.canonical(), tc,

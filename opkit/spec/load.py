@@ -346,7 +346,7 @@ def _bindings(node: YNode, section: str) -> Tuple[Binding, ...]:
 def _schedule(node: Optional[YNode], inputs, outputs) -> ScheduleSpec:
     if node is None:
         return ScheduleSpec()
-    f = _Map(node, "schedule", ("inplace", "tile", "parallel_threshold", "threads"))
+    f = _Map(node, "schedule", ("inplace", "tile", "parallel_threshold", "threads", "fuse"))
     inplace = []
     if f.get("inplace") is not None:
         ip = f.get("inplace")
@@ -373,7 +373,20 @@ def _schedule(node: Optional[YNode], inputs, outputs) -> ScheduleSpec:
         raise SpecError(f"schedule.tile: expected a multiple of 16 (a full vector), got {tile}",
                         f.get("tile").loc)
     return ScheduleSpec(tuple(inplace), tile, positive("parallel_threshold", 0, 1 << 40),
-                        positive("threads", 1, 1024), node.loc)
+                        positive("threads", 1, 1024), node.loc, _fuse_mode(f.get("fuse")))
+
+
+FUSE_MODES = ("auto", "required")
+
+
+def _fuse_mode(n: Optional[YNode]) -> str:
+    """schedule.fuse: `required` makes every unfused consumer of a conv2d or matmul an error."""
+    if n is None:
+        return "auto"
+    mode = _string(n, "schedule.fuse")
+    if mode not in FUSE_MODES:
+        raise SpecError(f"schedule.fuse: expected one of {', '.join(FUSE_MODES)}, got {mode!r}", n.loc)
+    return mode
 
 
 _TOP_KEYS = ("name", "summary", "inputs", "attrs", "outputs", "forward", "backward", "schedule",

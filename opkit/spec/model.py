@@ -144,6 +144,7 @@ class ScheduleSpec:
     parallel_threshold: Optional[int] = None       # elements below which one thread runs
     threads: Optional[int] = None                  # upper bound on threads; None: all cores
     loc: Optional[Loc] = None
+    fuse: str = "auto"                             # required: unfused epilogues are errors
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,7 @@ class OpSpec:
             "forward": [[b.name, _expr_form(b.expr)] for b in self.forward],
             "backward": [[b.name, _expr_form(b.expr)] for b in self.backward] if self.backward else None,
             "schedule": [list(map(list, self.schedule.inplace)), self.schedule.tile,
-                         self.schedule.parallel_threshold, self.schedule.threads],
+                         self.schedule.parallel_threshold, self.schedule.threads]
+            + ([self.schedule.fuse] if self.schedule.fuse != "auto" else []),
             "precision_reduce": self.precision_reduce,
         }

@@ -3,7 +3,7 @@ special values, and attrs at their defaults and inside their ranges."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -20,6 +20,18 @@ class Case:
     layout: str
     arrays: Dict[str, np.ndarray]     # float64 values, cast by the caller
     views: Dict[str, str]             # how each input is laid out: "", "T", "rev", "step"
+    attrs: Dict[str, object] = field(default_factory=dict)   # attrs this case sets (a stride)
+
+
+# Convolutions: (label, N, C, H, W, O, kernel, stride, padding): odd sizes, 1x1, 3x3 and 5x5
+# kernels, stride 1 and 2, padding 0, 1 and 2, one image of one pixel, an empty batch, and a
+# call large enough to run on every thread.
+CONV_CASES = [("3x3 s1 p1", 2, 3, 5, 7, 4, 3, 1, 1), ("1x1 s1 p0 odd", 1, 5, 3, 9, 2, 1, 1, 0),
+              ("5x5 s2 p2", 2, 3, 9, 8, 3, 5, 2, 2), ("3x3 s2 p0", 1, 3, 7, 6, 5, 3, 2, 0),
+              ("3x3 s1 p2", 1, 2, 4, 5, 3, 3, 1, 2), ("5x5 s1 p0", 1, 2, 6, 7, 2, 5, 1, 0),
+              ("1x1 s2 p1", 1, 3, 5, 6, 2, 1, 2, 1), ("unit", 1, 1, 1, 1, 1, 1, 1, 0),
+              ("empty", 0, 3, 4, 4, 2, 3, 1, 1), ("threaded", 2, 8, 24, 30, 8, 3, 1, 1)]
+_CONV_VIEWS = ("3x3 s1 p1", "5x5 s2 p2")
 
 
 def _main_input(spec: OpSpec) -> str:
@@ -53,13 +65,43 @@ def _full_shapes(spec: OpSpec, layout: str, tile: int, threshold: int) -> List[T
     return [(label, {f"@{len(s) - 1 - i}": n for i, n in enumerate(s)}) for label, s in shapes]
 
 
+def _conv_shapes(spec: OpSpec) -> List[Tuple[str, Dict[str, int], Dict[str, object]]]:
+    """(label, dim sizes, attrs) of the convolution cases, for an operator whose forward pass
+    has one conv2d; [] otherwise. A stride or padding written as a number keeps its value."""
+    from ..runtime.shapes import shape_rules
+    convs = [n for n in shape_rules(spec).calls if n.op == "conv2d"]
+    if len(convs) != 1:
+        return []
+    node = convs[0]
+    x_dims, w_dims, out_dims = node.params
+    out = []
+    for label, n, c, h, w, o, k, stride, pad in CONV_CASES:
+        attrs = {}
+        for arg, value in zip(node.args[2:], (stride, pad)):
+            if arg.op == "attr":
+                attrs[arg.name] = value
+        s = attrs.get(node.args[2].name, stride) if node.args[2].op == "attr" else int(node.args[2].value)
+        p = attrs.get(node.args[3].name, pad) if node.args[3].op == "attr" else int(node.args[3].value)
+        oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+        if oh < 1 or ow < 1:
+            continue
+        sizes = dict(zip(x_dims, (n, c, h, w)))
+        sizes.update({w_dims[0]: o, w_dims[2]: k, w_dims[3]: k, out_dims[2]: oh, out_dims[3]: ow})
+        out.append((label, sizes, attrs))
+    return out
+
+
 def make_cases(spec: OpSpec, rng, tile: int = 1024, threshold: int = 32768,
                special: bool = True) -> List[Case]:
     main = _main_input(spec)
     cases = []
+    convs = _conv_shapes(spec)
     for layout in spec.layouts:
         anchor = LAYOUT_PHYSICAL.get(layout)
-        for label, sizes in _full_shapes(spec, layout, tile, threshold):
+        shapes = [(label, sizes, {}) for label, sizes in _full_shapes(spec, layout, tile, threshold)]
+        if convs and layout in LAYOUT_DIMS:
+            shapes = convs
+        for label, sizes, case_attrs in shapes:
             if anchor is None and any(i.shape for i in spec.inputs) and not sizes:
                 continue
             full_names = anchor if anchor else tuple(sorted(sizes, key=lambda n: -int(n[1:])))
@@ -80,11 +122,12 @@ def make_cases(spec: OpSpec, rng, tile: int = 1024, threshold: int = 32768,
                     shape = tuple(full)
                 arrays[i.name] = _values(rng, shape, i.domain, special and i.name == main)
                 views[i.name] = ""
-            cases.append(Case(f"{layout} {label}", layout, arrays, views))
-            if label in ("2-d", "small", "odd", "4-d"):
+            cases.append(Case(f"{layout} {label}", layout, arrays, views, case_attrs))
+            if label in ("2-d", "small", "odd", "4-d") + _CONV_VIEWS:
                 for view in ("T", "rev", "step"):
                     c = Case(f"{layout} {label} {view}", layout,
-                             {k: v.copy() for k, v in arrays.items()}, {k: view for k in arrays})
+                             {k: v.copy() for k, v in arrays.items()}, {k: view for k in arrays},
+                             case_attrs)
                     cases.append(c)
     return cases
 
@@ -96,7 +139,7 @@ def smooth(case: Case, spec: OpSpec, rng) -> Case:
         lo, hi = spec.input(k).domain
         bad = ~np.isfinite(v) | (v == 0)
         arrays[k] = np.where(bad, rng.uniform(lo, hi, v.shape), v) if bad.any() else v
-    return Case(case.label, case.layout, arrays, case.views)
+    return Case(case.label, case.layout, arrays, case.views, case.attrs)
 
 
 def layout_view(arr: np.ndarray, view: str) -> np.ndarray:

@@ -62,7 +62,7 @@ def _validate_variant(op, variant, report: Report, dtypes, seed: int, tag: str) 
         nb = 0
         for case in cases:
             inputs = case_inputs(case, dtype)
-            given = {**inputs, **attrs}
+            given = {**inputs, **attrs, **case.attrs}
             result = op(**given, layout=case.layout)
             results = result if isinstance(result, tuple) else (result,)
             bound, ref = _reference(spec, graphs.forward, given, case.layout)
@@ -75,9 +75,10 @@ def _validate_variant(op, variant, report: Report, dtypes, seed: int, tag: str) 
             # exact zero sits on the kink of every leaky relu (where rounding picks the branch)
             finite = case_inputs(smooth(case, spec, rng), dtype)
             dys = tuple(rng.uniform(-1, 1, np.shape(r)).astype(dtype) for r in results)
-            grads = op.backward(dys if len(dys) > 1 else dys[0], **finite, **attrs, layout=case.layout)
+            cattrs = {**attrs, **case.attrs}
+            grads = op.backward(dys if len(dys) > 1 else dys[0], **finite, **cattrs, layout=case.layout)
             extra = [(f"d{o.name}", d, o.name) for o, d in zip(spec.outputs, dys)]
-            bbound, gref = _reference(spec, graphs.backward, {**finite, **attrs}, case.layout, extra)
+            bbound, gref = _reference(spec, graphs.backward, {**finite, **cattrs}, case.layout, extra)
             nan_ok = forward_nan(spec, graphs, bbound)
             for name, g in zip(spec.input_names, grads):
                 if name not in graphs.differentiable:

@@ -20,7 +20,9 @@ def gradcheck(op, cases: List[Case], attrs, rng, notes: List[str], graphs=None,
     `graphs`: those of the variant the cases and attrs call (the first by default)."""
     spec, graphs = op.spec, graphs or op.graphs
     worst, count, where = 0.0, 0, ""
+    base_attrs = attrs
     for case in cases:
+        attrs = {**base_attrs, **case.attrs}
         contiguous = not any(case.views.values())
         if not contiguous or min((v.size for v in case.arrays.values()), default=0) == 0:
             continue

@@ -9,7 +9,7 @@ import numpy as np
 from ..dsl import named
 from ..dsl.graph import Graph
 from ..dsl.ir import topo_order
-from ..dsl.library import LIBRARY, Context
+from ..dsl.library import LIBRARY, Context, derive_sizes, input_sizes
 from ..dsl.primitives import PRIMITIVES
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
@@ -24,10 +24,12 @@ def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
     env: Dict[int, Value] = {}
     dtype = np.dtype(dtype)
     inputs = {k: (v[0].astype(dtype, copy=False), v[1]) for k, v in values.items()}
-    ctx = Context(inputs, accumulate=np.float64 if dtype == np.float64 else None)
     kinks = graph.kinks if masks is not None else ()
     roots = [*graph.output_nodes, *kinks]
     order = topo_order(roots)
+    sizes = derive_sizes(order, input_sizes(inputs),
+                         lambda n: attrs[n.name] if n.op == "attr" else n.value)
+    ctx = Context(inputs, accumulate=np.float64 if dtype == np.float64 else None, sizes=sizes)
     # an intermediate is dropped after its last use: a long expression keeps few arrays alive
     uses = Counter(id(a) for n in order for a in n.args)
     keep = {id(n) for n in roots}

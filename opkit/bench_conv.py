@@ -1,0 +1,155 @@
+"""`opkit bench` cases of the fused convolutions (docs/fusion.md): conv2d + inference batch norm +
+LeakyReLU against PyTorch's eager chain in the same layout, against the same convolution without
+an epilogue, and against opkit's convolution followed by separate batch-norm and LeakyReLU
+passes; a 1 x 1 convolution (a pure GEMM); the training-mode operator forward + backward against
+PyTorch autograd."""
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+# operators the comparison needs besides the bundled ones: the bare convolution (the same
+# fused call with nothing after it) and a separate batch-norm pass
+_HELPERS = {
+    "bench_conv2d.yaml": """name: bench_conv2d
+inputs:
+  x: {dtypes: [float32, float64], layouts: [NCHW, NHWC]}
+  w: {dtypes: [float32, float64], shape: [O, C, KH, KW]}
+attrs:
+  padding: {type: int, default: 0, range: [0, 8]}
+outputs:
+  y: {}
+forward:
+  y: conv2d(x, w, 1, padding)
+""",
+    "bench_batch_norm.yaml": """name: bench_batch_norm
+inputs:
+  x: {dtypes: [float32, float64], layouts: [NCHW, NHWC]}
+  gamma: {dtypes: [float32, float64], shape: [C]}
+  beta: {dtypes: [float32, float64], shape: [C]}
+  mean: {dtypes: [float32, float64], shape: [C]}
+  var: {dtypes: [float32, float64], shape: [C]}
+attrs:
+  eps: {type: float, default: 1e-5}
+outputs:
+  y: {like: x}
+forward:
+  y: (x - mean) * (gamma / sqrt(var + eps)) + beta
+""",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _helpers():
+    import opkit
+    folder = Path(tempfile.mkdtemp(prefix="opkit-bench-ops-"))
+    for name, text in _HELPERS.items():
+        (folder / name).write_text(text)
+    opkit.load(folder)
+    return opkit.get("bench_conv2d"), opkit.get("bench_batch_norm")
+
+
+def _torch():
+    from .bench import _torch as torch_modules
+    return torch_modules()
+
+
+def _inputs(rng, shape, k, layout, dtype):
+    n, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    if layout == "NHWC":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    wt = (rng.standard_normal((c, c, k, k)) / np.sqrt(c * k * k)).astype(dtype)
+    g, b = rng.uniform(0.5, 1.5, c).astype(dtype), rng.standard_normal(c).astype(dtype)
+    m, v = (0.1 * rng.standard_normal(c)).astype(dtype), rng.uniform(0.5, 2, c).astype(dtype)
+    return x, wt, g, b, m, v
+
+
+def _torch_chain(torch, F, x, wt, g, b, m, v, layout, pad):
+    """PyTorch eager leaky_relu(batch_norm(conv2d(x, w))) on x's memory (channels_last for NHWC)."""
+    tx = torch.from_numpy(x)
+    tw = torch.from_numpy(wt)
+    if layout == "NHWC":
+        tx = tx.permute(0, 3, 1, 2)                    # a channels_last view, no copy
+        tw = tw.contiguous(memory_format=torch.channels_last)
+    tg, tb, tm, tv = (torch.from_numpy(a) for a in (g, b, m, v))
+
+    def run():
+        with torch.no_grad():
+            return F.leaky_relu(F.batch_norm(F.conv2d(tx, tw, padding=pad), tm, tv, tg, tb,
+                                             training=False, eps=1e-5), 0.2)
+    return run
+
+
+def conv_bn_case(shape, k, layout, rng, dtype=np.float32):
+    """The fused operator, PyTorch's chain, the bare convolution, and the unfused chain."""
+    import opkit
+    op, leaky = opkit.get("conv2d_bn_leaky_relu"), opkit.get("leaky_relu")
+    conv, bn = _helpers()
+    x, wt, g, b, m, v = _inputs(rng, shape, k, layout, dtype)
+    pad = k // 2
+    fns = {
+        "opkit": lambda: op(x, wt, g, b, m, v, padding=pad, layout=layout),
+        "opkit conv": lambda: conv(x, wt, padding=pad, layout=layout),
+        "opkit unfused": lambda: leaky(bn(conv(x, wt, padding=pad, layout=layout), g, b, m, v,
+                                          layout=layout), alpha=0.2, layout=layout),
+    }
+    torch, F = _torch()
+    if torch is not None:
+        fns["torch"] = _torch_chain(torch, F, x, wt, g, b, m, v, layout, pad)
+    return fns, 2 * x.nbytes
+
+
+def conv_bn_train_case(shape, k, layout, rng, dtype=np.float32):
+    """Training-mode conv + batch norm + LeakyReLU, forward and backward, against autograd."""
+    import opkit
+    op = opkit.get("conv2d_bn_train_leaky_relu")
+    x, wt, g, b, _, _ = _inputs(rng, shape, k, layout, dtype)
+    pad = k // 2
+    dy = rng.standard_normal(x.shape[:1] + x.shape[1:]).astype(dtype)
+    zeros = np.zeros(shape[1], dtype)
+
+    def opkit_step():
+        op(x, wt, g, b, padding=pad, layout=layout)
+        return op.backward((dy, zeros, zeros), x, wt, g, b, padding=pad, layout=layout)
+
+    fns = {"opkit": opkit_step}
+    torch, F = _torch()
+    if torch is not None:
+        tx = torch.from_numpy(x)
+        tdy = torch.from_numpy(dy)
+        if layout == "NHWC":
+            tx, tdy = tx.permute(0, 3, 1, 2), tdy.permute(0, 3, 1, 2)
+        tw, tg, tb = (torch.from_numpy(a) for a in (wt, g, b))
+        if layout == "NHWC":
+            tw = tw.contiguous(memory_format=torch.channels_last)
+        leaves = [a.detach().requires_grad_() for a in (tx, tw, tg, tb)]
+
+        def torch_step():
+            y = F.leaky_relu(F.batch_norm(F.conv2d(leaves[0], leaves[1], padding=pad), None, None,
+                                          leaves[2], leaves[3], training=True, eps=1e-5), 0.2)
+            return torch.autograd.grad(y, leaves, tdy)
+        fns["torch"] = torch_step
+    return fns, 2 * x.nbytes
+
+
+CASE = (8, 64, 64, 64)
+# (case name, builder, shape, dtype, pass, target checks), as bench.TARGETS
+CONV_TARGETS = []
+for _layout in ("NHWC", "NCHW"):
+    CONV_TARGETS += [
+        (f"conv2d_bn_leaky_relu 3x3 {_layout} [8,64,64,64]",
+         (lambda L: lambda r: conv_bn_case(CASE, 3, L, r))(_layout), CASE, "float32", "forward",
+         [("vs torch eager chain (time <= 1.25x)", "torch", "opkit", 1 / 1.25),
+          ("epilogue cost (time <= 1.10x conv alone)", "opkit conv", "opkit", 1 / 1.10),
+          ("vs opkit conv + BN pass + LeakyReLU pass", "opkit unfused", "opkit", 1.2)]),
+        (f"conv2d_bn_leaky_relu 1x1 {_layout} [8,64,64,64]",
+         (lambda L: lambda r: conv_bn_case(CASE, 1, L, r))(_layout), CASE, "float32", "forward",
+         [("vs torch eager chain (reported)", "torch", "opkit", 0.0)]),
+        (f"conv2d_bn_train_leaky_relu 3x3 {_layout} fwd+bwd",
+         (lambda L: lambda r: conv_bn_train_case(CASE, 3, L, r))(_layout), CASE, "float32",
+         "forward+backward", [("vs torch autograd (reported)", "torch", "opkit", 0.0)]),
+    ]

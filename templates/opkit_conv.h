@@ -1,0 +1,345 @@
+/* opkit fused convolution: im2col per block, a BLAS GEMM per block, and the operator's generated
+ * epilogue on each output block while it is in cache.
+ *
+ * Included (after opkit_kernel.h) by generated modules that have fused steps and a BLAS backend.
+ * The output is cut into blocks of whole output rows of one image; each thread takes blocks in
+ * turn: it unfolds the block's receptive fields into a thread-local matrix (in the compute type;
+ * float16 converted on the way, so the unfolded matrix never exists whole), multiplies it with
+ * the packed weights in one single-threaded GEMM, then runs the epilogue kernel over the block
+ * (bias, normalization, activation ...) and sums the per-channel statistics, so the raw result
+ * never goes to memory. The BLAS library's thread count is 1 for the duration of the call:
+ * opkit's OpenMP threads split the blocks, and BLAS's own pool stays asleep.
+ *
+ * Per-channel sums are kept per block and added in block order at the end, so results do not
+ * depend on the number of threads.
+ */
+#ifndef OPKIT_CONV_H
+#define OPKIT_CONV_H
+
+#include <stdlib.h>
+#include "opkit_kernel.h"
+
+/* Fortran BLAS, as scipy.linalg.cython_blas exports it */
+typedef void (*opk_sgemm_fn)(char *ta, char *tb, int *m, int *n, int *k, float *alpha,
+                             float *a, int *lda, float *b, int *ldb, float *beta, float *c, int *ldc);
+typedef void (*opk_dgemm_fn)(char *ta, char *tb, int *m, int *n, int *k, double *alpha,
+                             double *a, int *lda, double *b, int *ldb, double *beta, double *c,
+                             int *ldc);
+typedef void (*opk_blas_set_fn)(int);
+typedef int (*opk_blas_get_fn)(void);
+
+#define OPK_MAXSTAT 8
+/* unfolded bytes a block aims at: the block's matrix and result stay in the core's L2 */
+#ifndef OPK_CONV_BLOCK_BYTES
+#define OPK_CONV_BLOCK_BYTES (384 * 1024)
+#endif
+
+/* An operand of an epilogue or statistic kernel: its origin and byte strides over the logical
+ * output dims (N, O, OH, OW), 0 where it is broadcast; the block operand is replaced by the
+ * thread's result block. */
+typedef struct {
+    char *base;
+    Py_ssize_t s[4];
+    int code;
+} opk_operand;
+
+typedef struct {
+    /* the convolution: x[N, C, H, W] (byte strides xs over the logical dims), the packed weights
+     * (compute type: [KH*KW*C, O] for NHWC, [O, C*KH*KW] for NCHW), the output's layout */
+    Py_ssize_t N, C, H, W, O, KH, KW, OH, OW, stride, pad;
+    int nhwc, ccode;
+    const char *x;
+    Py_ssize_t xs[4];
+    int xcode;
+    const char *wpack;
+    void *gemm;
+    opk_blas_set_fn blas_set;           /* the BLAS library's thread count, or NULL */
+    opk_blas_get_fn blas_get;
+    /* the epilogue: kernel `epi` over operands `ops` (inputs, then outputs), `slot` the input
+     * that reads the block; without one (NULL) the raw result is stored to ops[1], ops[0] and
+     * slot 0 standing for the block */
+    const opk_kernel *epi;
+    int nops, slot;
+    opk_operand ops[OPK_MAXOPS];
+    /* statistics: per-channel sums of the block (stat[i] NULL) or of what stat[i] computes
+     * from it, into sums [nstat][O]; kept per block in `partials` [nblocks][nstat][O] first */
+    int nstat;
+    const opk_kernel *stat[OPK_MAXSTAT];
+    double *sums;
+    double *partials;
+    int threads;
+    Py_ssize_t rows;                    /* output rows per block (set by opk_conv_plan) */
+} opk_conv;
+
+static inline Py_ssize_t opk_conv_k(const opk_conv *cv) { return cv->C * cv->KH * cv->KW; }
+
+/* Output rows per block and the number of blocks: about OPK_CONV_BLOCK_BYTES of unfolded input
+ * per block, at least one row. */
+static inline Py_ssize_t opk_conv_plan(opk_conv *cv)
+{
+    const Py_ssize_t cs = OPK_CSIZE(cv->ccode);
+    Py_ssize_t per_row = opk_conv_k(cv) * cv->OW * cs;
+    if (cv->N <= 0 || cv->OH <= 0 || cv->OW <= 0 || cv->O <= 0 || opk_conv_k(cv) <= 0) {
+        cv->rows = 1;
+        return 0;  /* the caller does not send empty problems; nothing to do if it does */
+    }
+    Py_ssize_t rows = per_row > 0 ? OPK_CONV_BLOCK_BYTES / per_row : cv->OH;
+    if (rows < 1) rows = 1;
+    if (rows > cv->OH) rows = cv->OH;
+    cv->rows = rows;
+    return cv->N * opk_cdiv(cv->OH, rows);
+}
+
+/* The receptive fields of output rows [oh0, oh0 + rows) of image n, unfolded in the compute
+ * type: NHWC as [P][KH][KW][C] (a pixel's window is one row of the matrix), NCHW as
+ * [C][KH][KW][P] (each kernel tap is one row over the block's pixels); zeros in the padding. */
+static void opk_im2col(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_ssize_t rows,
+                       char *cols)
+{
+    const int cc = cv->ccode;
+    const Py_ssize_t cs = OPK_CSIZE(cc), C = cv->C, KH = cv->KH, KW = cv->KW, OW = cv->OW;
+    const Py_ssize_t s = cv->stride, pad = cv->pad, P = rows * OW;
+    const char *xn = cv->x + n * cv->xs[0];
+    if (cv->nhwc) {
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            for (Py_ssize_t ow = 0; ow < OW; ow++) {
+                char *dst = cols + (r * OW + ow) * KH * KW * C * cs;
+                for (Py_ssize_t kh = 0; kh < KH; kh++) {
+                    const Py_ssize_t ih = (oh0 + r) * s - pad + kh;
+                    for (Py_ssize_t kw = 0; kw < KW; kw++, dst += C * cs) {
+                        const Py_ssize_t iw = ow * s - pad + kw;
+                        if (ih < 0 || ih >= cv->H || iw < 0 || iw >= cv->W)
+                            memset(dst, 0, (size_t)(C * cs));
+                        else
+                            opk_load_c(cc, dst, xn + ih * cv->xs[2] + iw * cv->xs[3], cv->xs[1],
+                                       cv->xcode, C);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (Py_ssize_t c = 0; c < C; c++) {
+        for (Py_ssize_t kh = 0; kh < KH; kh++) {
+            for (Py_ssize_t kw = 0; kw < KW; kw++) {
+                char *dst = cols + ((c * KH + kh) * KW + kw) * P * cs;
+                /* the output columns whose tap lands inside the input: [lo, hi) */
+                Py_ssize_t lo = pad - kw > 0 ? (pad - kw + s - 1) / s : 0;
+                Py_ssize_t hi = (cv->W - 1 + pad - kw) >= 0 ? (cv->W - 1 + pad - kw) / s + 1 : 0;
+                if (hi > OW) hi = OW;
+                if (lo > hi) lo = hi;
+                for (Py_ssize_t r = 0; r < rows; r++, dst += OW * cs) {
+                    const Py_ssize_t ih = (oh0 + r) * s - pad + kh;
+                    if (ih < 0 || ih >= cv->H || lo == hi) {
+                        memset(dst, 0, (size_t)(OW * cs));
+                        continue;
+                    }
+                    memset(dst, 0, (size_t)(lo * cs));
+                    opk_load_c(cc, dst + lo * cs, xn + c * cv->xs[1] + ih * cv->xs[2] +
+                               (lo * s - pad + kw) * cv->xs[3], s * cv->xs[3], cv->xcode, hi - lo);
+                    memset(dst + hi * cs, 0, (size_t)((OW - hi) * cs));
+                }
+            }
+        }
+    }
+}
+
+/* res = the block's raw result: NHWC [P][O], NCHW [O][P] (row-major, compute type) */
+static void opk_conv_gemm(const opk_conv *cv, const char *cols, char *res, Py_ssize_t P)
+{
+    int m, nn, k = (int)opk_conv_k(cv), lda, ldb, ldc;
+    char t = 'N';
+    const char *a, *b;
+    if (cv->nhwc) {  /* column-major res^T[O][P] = W^T[O][K] cols^T[K][P] */
+        m = (int)cv->O; nn = (int)P; a = cv->wpack; lda = m; b = cols; ldb = k; ldc = m;
+    } else {         /* column-major res^T[P][O] = cols^T[P][K] W^T[K][O] */
+        m = (int)P; nn = (int)cv->O; a = cols; lda = m; b = cv->wpack; ldb = k; ldc = m;
+    }
+    if (cv->ccode == OPK_F64) {
+        double one = 1.0, zero = 0.0;
+        ((opk_dgemm_fn)cv->gemm)(&t, &t, &m, &nn, &k, &one, (double *)a, &lda, (double *)b, &ldb,
+                                 &zero, (double *)res, &ldc);
+    } else {
+        float one = 1.0f, zero = 0.0f;
+        ((opk_sgemm_fn)cv->gemm)(&t, &t, &m, &nn, &k, &one, (float *)a, &lda, (float *)b, &ldb,
+                                 &zero, (float *)res, &ldc);
+    }
+}
+
+/* A kernel over the block [rows][OW][O] (NHWC) or [O][rows][OW] (NCHW): a geometry of three
+ * dims, neighbours merged where every operand runs on contiguously, walked by opk_walk. */
+static int opk_conv_walk(const opk_conv *cv, const opk_kernel *k, int nops, int nout,
+                         const opk_operand *ops, int slot, char *block, char *const *spread,
+                         Py_ssize_t n, Py_ssize_t oh0, Py_ssize_t rows)
+{
+    const Py_ssize_t cs = OPK_CSIZE(cv->ccode), P = rows * cv->OW;
+    /* dims outer to inner, as logical indexes into s[]: 0 N, 1 O, 2 OH, 3 OW */
+    const int order[2][3] = {{1, 2, 3}, {2, 3, 1}};
+    const int *dims = order[cv->nhwc ? 1 : 0];
+    Py_ssize_t size[4] = {1, cv->O, rows, cv->OW};
+    Py_ssize_t g[OPK_G_SHAPE + 3 + OPK_MAXOPS * 3 + OPK_MAXOPS];
+    Py_ssize_t st[OPK_MAXOPS][4];
+    char *base[OPK_MAXOPS];
+    for (int o = 0; o < nops; o++) {
+        if (o == slot || spread[o] != NULL) {  /* laid out as the block: NHWC [P][O], NCHW [O][P] */
+            st[o][0] = 0;
+            st[o][1] = cv->nhwc ? cs : P * cs;
+            st[o][3] = cv->nhwc ? cv->O * cs : cs;
+            st[o][2] = st[o][3] * cv->OW;
+            base[o] = o == slot ? block : spread[o];
+        } else {
+            for (int d = 0; d < 4; d++) st[o][d] = ops[o].s[d];
+            base[o] = ops[o].base + n * ops[o].s[0] + oh0 * ops[o].s[2];
+        }
+    }
+    /* merge dims from the inside out where every operand is contiguous across them */
+    Py_ssize_t shape[3], strides[OPK_MAXOPS][3];
+    int nd = 0;
+    for (int i = 2; i >= 0; i--) {
+        const int d = dims[i];
+        int merge = nd > 0;
+        for (int o = 0; merge && o < nops; o++)
+            merge = st[o][d] == strides[o][nd - 1] * shape[nd - 1];
+        if (merge) {  /* the inner stride steps through both */
+            shape[nd - 1] *= size[d];
+        } else {
+            shape[nd] = size[d];
+            for (int o = 0; o < nops; o++) strides[o][nd] = st[o][d];
+            nd++;
+        }
+    }
+    /* the geometry lists dims outer first */
+    g[OPK_G_NDIM] = nd; g[OPK_G_NOPS] = nops; g[OPK_G_NOUT] = nout; g[OPK_G_TDIM] = -1;
+    g[OPK_G_CCODE] = cv->ccode;
+    Py_ssize_t total = 1;
+    for (int i = 0; i < nd; i++) {
+        g[OPK_G_SHAPE + i] = shape[nd - 1 - i];
+        total *= shape[nd - 1 - i];
+    }
+    for (int o = 0; o < nops; o++) {
+        for (int i = 0; i < nd; i++) g[OPK_G_SHAPE + nd + o * nd + i] = strides[o][nd - 1 - i];
+        g[OPK_G_SHAPE + nd + nops * nd + o] = o == slot || spread[o] != NULL ? cv->ccode : ops[o].code;
+    }
+    return opk_walk(0, total, g, base, k);
+}
+
+/* the per-channel sums of a block of values (compute type), in block order */
+static void opk_conv_sums(const opk_conv *cv, const char *v, Py_ssize_t P, double *acc)
+{
+    const Py_ssize_t O = cv->O;
+    for (Py_ssize_t o = 0; o < O; o++) acc[o] = 0.0;
+    if (cv->ccode == OPK_F64) {
+        const double *d = (const double *)v;
+        if (cv->nhwc) { for (Py_ssize_t p = 0; p < P; p++) for (Py_ssize_t o = 0; o < O; o++) acc[o] += d[p * O + o]; }
+        else { for (Py_ssize_t o = 0; o < O; o++) { double t = 0; for (Py_ssize_t p = 0; p < P; p++) t += d[o * P + p]; acc[o] = t; } }
+    } else {
+        const float *f = (const float *)v;
+        if (cv->nhwc) { for (Py_ssize_t p = 0; p < P; p++) for (Py_ssize_t o = 0; o < O; o++) acc[o] += f[p * O + o]; }
+        else { for (Py_ssize_t o = 0; o < O; o++) { double t = 0; for (Py_ssize_t p = 0; p < P; p++) t += f[o * P + p]; acc[o] = t; } }
+    }
+}
+
+/* the raw result stored as it is (converted to the destination's dtype by the walker) */
+static void opk_conv_copy_f(Py_ssize_t n, char *const *p, const void *ctx)
+{
+    (void)ctx;
+    memcpy(p[1], p[0], (size_t)n * 4);
+}
+
+static void opk_conv_copy_d(Py_ssize_t n, char *const *p, const void *ctx)
+{
+    (void)ctx;
+    memcpy(p[1], p[0], (size_t)n * 8);
+}
+
+/* NHWC: a per-channel input (a bias, a scale) repeated over a block's pixels once per thread, in
+ * the compute type, so every operand of the epilogue runs on contiguously through the whole
+ * block and the kernel sees one long run instead of one call per pixel. NULL where not needed
+ * (NCHW takes per-channel values as one scalar per row); -1 when memory cannot be had. */
+static int opk_conv_spread(const opk_conv *cv, const opk_kernel *epi, Py_ssize_t Pmax,
+                           char **spread)
+{
+    const Py_ssize_t cs = OPK_CSIZE(cv->ccode), O = cv->O;
+    for (int o = 0; o < OPK_MAXOPS; o++) spread[o] = NULL;
+    if (!cv->nhwc || cv->epi == NULL) return 0;
+    for (int o = 0; o < epi->nin; o++) {
+        const opk_operand *op = cv->ops + o;
+        if (o == cv->slot || op->s[0] || op->s[2] || op->s[3] || !op->s[1]) continue;
+        spread[o] = (char *)PyMem_RawMalloc((size_t)(Pmax * O * cs) + 64);
+        if (spread[o] == NULL) return -1;
+        opk_load_c(cv->ccode, spread[o], op->base, op->s[1], op->code, O);
+        for (Py_ssize_t p = 1; p < Pmax; p++)
+            memcpy(spread[o] + p * O * cs, spread[o], (size_t)(O * cs));
+    }
+    return 0;
+}
+
+/* One thread's blocks [b0, b1): -1 when its buffers cannot be had. */
+static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
+{
+    const Py_ssize_t cs = OPK_CSIZE(cv->ccode), K = opk_conv_k(cv);
+    const Py_ssize_t per_image = opk_cdiv(cv->OH, cv->rows), Pmax = cv->rows * cv->OW;
+    char *cols = (char *)PyMem_RawMalloc((size_t)(K * Pmax * cs) + 64);
+    char *res = (char *)PyMem_RawMalloc((size_t)(cv->O * Pmax * cs) + 64);
+    char *tmp = cv->nstat ? (char *)PyMem_RawMalloc((size_t)(cv->O * Pmax * cs) + 64) : NULL;
+    int failed = cols == NULL || res == NULL || (cv->nstat && tmp == NULL);
+    /* without an epilogue the walk copies the block to ops[1] (ops[0] stands for the block) */
+    opk_kernel copy = {cv->ccode == OPK_F64 ? opk_conv_copy_d : opk_conv_copy_f, NULL, 0, NULL, 1, 2,
+                       cv->ccode, 1024, 0};
+    const opk_kernel *epi = cv->epi != NULL ? cv->epi : &copy;
+    char *spread[OPK_MAXOPS];
+    failed |= opk_conv_spread(cv, epi, Pmax, spread) != 0;
+    for (Py_ssize_t b = b0; b < b1 && !failed; b++) {
+        const Py_ssize_t n = b / per_image, oh0 = (b % per_image) * cv->rows;
+        const Py_ssize_t rows = cv->OH - oh0 < cv->rows ? cv->OH - oh0 : cv->rows, P = rows * cv->OW;
+        opk_im2col(cv, n, oh0, rows, cols);
+        opk_conv_gemm(cv, cols, res, P);
+        for (int i = 0; i < cv->nstat; i++) {
+            const char *v = res;
+            if (cv->stat[i] != NULL) {  /* the summand, elementwise from the block */
+                char *p[2] = {res, tmp};
+                cv->stat[i]->tile(cv->O * P, p, cv->stat[i]->ctx);
+                v = tmp;
+            }
+            opk_conv_sums(cv, v, P, cv->partials + (b * cv->nstat + i) * cv->O);
+        }
+        failed |= opk_conv_walk(cv, epi, cv->nops, cv->nops - epi->nin, cv->ops, cv->slot, res,
+                                spread, n, oh0, rows) != 0;
+    }
+    for (int o = 0; o < OPK_MAXOPS; o++)
+        if (spread[o] != NULL) PyMem_RawFree(spread[o]);
+    PyMem_RawFree(cols);
+    PyMem_RawFree(res);
+    if (tmp) PyMem_RawFree(tmp);
+    return failed ? -1 : 0;
+}
+
+/* Run the fused convolution over `threads` OpenMP threads (static split of the blocks); -1:
+ * out of memory. */
+static int opk_conv_run(opk_conv *cv)
+{
+    const Py_ssize_t nb = opk_conv_plan(cv), per = cv->nstat * cv->O;
+    int nt = cv->threads < 1 ? 1 : cv->threads, failed = 0;
+    for (Py_ssize_t i = 0; i < per; i++) cv->sums[i] = 0.0;
+    if (nt > nb) nt = (int)(nb > 0 ? nb : 1);
+    if (nb == 0) return 0;
+    cv->partials = per ? (double *)PyMem_RawMalloc((size_t)(nb * per) * sizeof(double)) : NULL;
+    if (per && cv->partials == NULL) return -1;
+    /* every GEMM runs on the thread that calls it: BLAS's own pool stays asleep for the call */
+    const int blas_before = cv->blas_set != NULL && cv->blas_get != NULL ? cv->blas_get() : 0;
+    if (blas_before > 1) cv->blas_set(1);
+    if (nt <= 1) {
+        failed = opk_conv_part(cv, 0, nb);
+    } else {
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed)
+        for (int t = 0; t < nt; t++)
+            failed |= opk_conv_part(cv, nb * t / nt, nb * (t + 1) / nt);
+    }
+    if (blas_before > 1) cv->blas_set(blas_before);
+    for (Py_ssize_t b = 0; b < nb && !failed; b++)   /* in block order, whatever the threads */
+        for (Py_ssize_t i = 0; i < per; i++) cv->sums[i] += cv->partials[b * per + i];
+    if (cv->partials) PyMem_RawFree(cv->partials);
+    return failed ? -1 : 0;
+}
+
+#endif /* OPKIT_CONV_H */

@@ -1,0 +1,316 @@
+"""conv2d and mean in the DSL, epilogue fusion, its diagnostics, and the three bundled conv
+operators against NumPy references nobody here wrote (np.einsum over explicit windows) and,
+when PyTorch is installed, against torch autograd."""
+import warnings
+
+import numpy as np
+import pytest
+
+import opkit
+from opkit import FusionWarning, SpecError
+from opkit.lower import Fused
+from opkit.runtime import execute
+from opkit.spec import parse_spec
+from opkit.dsl import build_graphs
+from opkit.lower import lower
+
+from conftest import write_op
+
+
+def conv_numpy(x, w, stride, padding):
+    """x[N, C, H, W] (*) w[O, C, KH, KW] by a direct sum over the kernel taps (einsum)."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    oh, ow = (h + 2 * padding - kh) // stride + 1, (wd + 2 * padding - kw) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    for p in range(kh):
+        for q in range(kw):
+            tap = xp[:, :, p:p + stride * oh:stride, q:q + stride * ow:stride]
+            out += np.einsum("nchw,oc->nohw", tap, w[:, :, p, q])
+    return out
+
+
+def leaky(v, alpha=0.2):
+    return np.where(v > 0, v, alpha * v)
+
+
+def to_layout(a, layout):
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if layout == "NHWC" else a
+
+
+def from_layout(a, layout):
+    return a.transpose(0, 3, 1, 2) if layout == "NHWC" else a
+
+
+CASES = [(1, 1, 3), (2, 0, 3), (2, 2, 5), (1, 0, 1), (1, 2, 3)]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("stride,padding,k", CASES)
+def test_conv_bias_leaky_relu_matches_numpy(layout, stride, padding, k):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 9, 8))
+    w = rng.standard_normal((4, 3, k, k))
+    b = rng.standard_normal(4)
+    want = leaky(conv_numpy(x, w, stride, padding) + b[:, None, None])
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-4)):
+        y = opkit.ops.conv2d_bias_leaky_relu(to_layout(x, layout).astype(dtype), w.astype(dtype),
+                                             b.astype(dtype), stride=stride, padding=padding,
+                                             layout=layout)
+        assert y.dtype == dtype
+        np.testing.assert_allclose(from_layout(y, layout), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv_bn_inference_and_float16(layout):
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 5, 7, 6)), rng.standard_normal((3, 5, 3, 3)) * 0.3
+    g, be, m, v = rng.uniform(0.5, 1.5, 3), rng.standard_normal(3), rng.standard_normal(3), \
+        rng.uniform(0.5, 2, 3)
+    z = conv_numpy(x, w, 1, 1)
+    want = leaky((z - m[:, None, None]) * (g / np.sqrt(v + 1e-5))[:, None, None] + be[:, None, None])
+    y = opkit.ops.conv2d_bn_leaky_relu(to_layout(x, layout), w, g, be, m, v, padding=1, layout=layout)
+    np.testing.assert_allclose(from_layout(y, layout), want, rtol=1e-12, atol=1e-12)
+    h = [a.astype(np.float16) for a in (to_layout(x, layout), w, g, be, m, v)]
+    y16 = opkit.ops.conv2d_bn_leaky_relu(*h, padding=1, layout=layout)
+    assert y16.dtype == np.float16
+    np.testing.assert_allclose(from_layout(y16, layout).astype(float), want, rtol=2e-2, atol=2e-2)
+
+
+def _bn_train_reference(x, w, g, be, stride, padding, eps=1e-5):
+    z = conv_numpy(x, w, stride, padding)
+    mean = z.mean(axis=(0, 2, 3))
+    var = z.var(axis=(0, 2, 3))
+    y = leaky((z - mean[:, None, None]) / np.sqrt(var + eps)[:, None, None] * g[:, None, None]
+              + be[:, None, None])
+    return y, mean, var
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("stride,padding,k", CASES[:3])
+def test_conv_bn_train_forward(layout, stride, padding, k):
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((3, 2, 8, 9)), rng.standard_normal((5, 2, k, k))
+    g, be = rng.uniform(0.5, 1.5, 5), rng.standard_normal(5)
+    want = _bn_train_reference(x, w, g, be, stride, padding)
+    got = opkit.ops.conv2d_bn_train_leaky_relu(to_layout(x, layout), w, g, be, stride=stride,
+                                               padding=padding, layout=layout)
+    np.testing.assert_allclose(from_layout(got[0], layout), want[0], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv_bn_train_backward_matches_torch(layout):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((4, 3, 3, 3))
+    g, be = rng.uniform(0.5, 1.5, 4), rng.standard_normal(4)
+    dy, dm, dv = rng.standard_normal((2, 4, 4, 3)), rng.standard_normal(4), rng.standard_normal(4)
+    t = [torch.tensor(a, requires_grad=True) for a in (x, w, g, be)]
+    z = F.conv2d(t[0], t[1], stride=2, padding=1)
+    y = F.leaky_relu(F.batch_norm(z, None, None, t[2], t[3], training=True, eps=1e-5), 0.2)
+    loss = (y * torch.tensor(dy)).sum() + (z.mean((0, 2, 3)) * torch.tensor(dm)).sum() + \
+        (z.var((0, 2, 3), unbiased=False) * torch.tensor(dv)).sum()
+    loss.backward()
+    grads = opkit.ops.conv2d_bn_train_leaky_relu.backward(
+        (to_layout(dy, layout), dm, dv), to_layout(x, layout), w, g, be, stride=2, padding=1,
+        layout=layout)
+    want = [a.grad.numpy() for a in t]
+    np.testing.assert_allclose(from_layout(grads[0], layout), want[0], rtol=1e-9, atol=1e-10)
+    for got, ref in zip(grads[1:], want[1:]):
+        np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-10)
+
+
+def test_fused_equals_unfused_bitwise_for_any_thread_count(monkeypatch):
+    """The fused step and its parts run one after another give the same result (float64), and
+    the statistics do not depend on the thread count."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 8, 24, 30)), rng.standard_normal((8, 8, 3, 3))
+    g, be = rng.uniform(0.5, 1.5, 8), rng.standard_normal(8)
+    op = opkit.ops.conv2d_bn_train_leaky_relu
+    with opkit.config(num_threads=1):
+        one = op(x, w, g, be, padding=1)
+    with opkit.config(num_threads=2):
+        two = op(x, w, g, be, padding=1)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(execute.Executor, "_fused", lambda self, step, st: False)
+    parts = op(x, w, g, be, padding=1)
+    for a, b in zip(one, parts):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_step_runs_in_the_compiled_module(monkeypatch):
+    """The bundled operators' forward passes are one fused step, and it really runs fused."""
+    calls = []
+    real = execute.Executor._fused
+
+    def spy(self, step, st):
+        ok = real(self, step, st)
+        calls.append(ok)
+        return ok
+    monkeypatch.setattr(execute.Executor, "_fused", spy)
+    x, w, b = np.ones((1, 2, 5, 5)), np.ones((3, 2, 3, 3)), np.zeros(3)
+    y = opkit.ops.conv2d_bias_leaky_relu(x, w, b, padding=1)
+    assert calls == [True]
+    assert y[0, 0, 2, 2] == 18.0 and y[0, 0, 0, 0] == 8.0
+    steps = opkit.ops.conv2d_bias_leaky_relu.lowered().forward.steps
+    assert len(steps) == 1 and isinstance(steps[0], Fused) and steps[0].epilogue is not None
+
+
+def test_conv_call_errors():
+    op = opkit.ops.conv2d_bias_leaky_relu
+    x, b = np.ones((1, 2, 2, 2)), np.zeros(3)
+    with pytest.raises(ValueError, match="kernel is larger than the padded input along H"):
+        op(x, np.ones((3, 2, 3, 3)), b)
+    with pytest.raises(ValueError, match=r"w \(shape \(3, 4, 1, 1\)\) has size 4 along dim C but x"):
+        op(x, np.ones((3, 4, 1, 1)), b)
+    with pytest.raises(ValueError, match="stride must be in"):
+        op(x, np.ones((3, 2, 1, 1)), b, stride=0)
+
+
+# ---------------------------------------------------------------- diagnostics (no compiling)
+
+HEAD = """name: t
+inputs:
+  x: {dtypes: [float32, float64], layouts: [NCHW, NHWC]}
+  w: {dtypes: [float32, float64], shape: [O, C, KH, KW]}
+"""
+
+
+def _lowered(text, extra_inputs=""):
+    spec = parse_spec(HEAD + extra_inputs + text, "t.yaml")
+    return lower(spec, build_graphs(spec))
+
+
+def test_fused_epilogue_note():
+    low = _lowered("outputs:\n  y: {}\nforward:\n  z: conv2d(x, w, 1, 0)\n"
+                   "  y: where(z > 0, z, 0.1 * z)\n")
+    notes = [str(n) for n in low.forward.fusion]
+    assert notes == ["gt (t.yaml:9): fused into the conv2d epilogue (kernel fwd0)"]
+
+
+def test_cannot_fuse_when_the_result_is_needed_elsewhere():
+    low = _lowered("outputs:\n  y: {}\n  z: {}\nforward:\n  z: conv2d(x, w, 1, 0)\n"
+                   "  y: where(z > 0, z, 0.1 * z)\n")
+    (note,) = low.forward.fusion
+    assert str(note) == ("Cannot fuse gt with preceding op conv2d (t.yaml:10): the conv2d result is "
+                         "needed elsewhere: it is the output z as well")
+
+
+def test_cannot_fuse_across_a_reduction():
+    low = _lowered("outputs:\n  y: {}\nforward:\n  s: sum(conv2d(x, w, 1, 0), OH)\n"
+                   "  y: s * 2\n")
+    assert any("Cannot fuse sum with preceding op conv2d" in str(n) and
+               "a shape transform between the ops: a reduction to [N, O, OW]" in str(n)
+               for n in low.forward.fusion)
+
+
+def test_layout_mismatch_fuses_only_in_the_matching_layout():
+    low = _lowered("outputs:\n  y: {}\nforward:\n  y: conv2d(x, w, 1, 1) + r\n",
+                   "  r: {dtypes: [float32, float64], shape: [N, O, OH, OW]}\n")
+    notes = [str(n) for n in low.forward.fusion]
+    assert any(n.startswith("Cannot fuse add with preceding op conv2d (t.yaml:9): memory-layout "
+                            "mismatch under NHWC: r is stored [N, O, OH, OW], the conv2d result "
+                            "[N, OH, OW, O]") for n in notes)
+    (step,) = low.forward.steps
+    assert isinstance(step, Fused) and step.layouts == ("NCHW",)
+
+
+def test_residual_add_runs_in_both_layouts(tmp_path):
+    """The fused layout and the mismatched one (its parts one after another) agree."""
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((2, 3, 6, 5)), rng.standard_normal((4, 3, 3, 3))
+    r = rng.standard_normal((2, 4, 6, 5))
+    text = HEAD.replace("name: t", "name: conv_residual") + \
+        "  r: {dtypes: [float32, float64], shape: [N, O, OH, OW]}\n" + \
+        "outputs:\n  y: {}\nforward:\n  y: conv2d(x, w, 1, 1) + r\n"
+    (name,) = opkit.load(write_op(tmp_path, text))
+    op = opkit.get(name)
+    want = conv_numpy(x, w, 1, 1) + r
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FusionWarning)  # NHWC runs unfused, as the note says
+        for layout in ("NCHW", "NHWC"):
+            y = op(to_layout(x, layout), w, r, layout=layout)
+            np.testing.assert_allclose(from_layout(y, layout), want, rtol=1e-12, atol=1e-12)
+
+
+def test_fuse_required_is_a_spec_error(tmp_path):
+    text = HEAD + "outputs:\n  y: {}\n  z: {}\nforward:\n  z: conv2d(x, w, 1, 0)\n" \
+        "  y: where(z > 0, z, 0.1 * z)\nschedule:\n  fuse: required\n"
+    path = write_op(tmp_path, text)
+    with pytest.raises(SpecError, match=r"op.yaml:10:.*schedule.fuse is required, but: Cannot fuse "
+                                        r"gt with preceding op conv2d"):
+        opkit.load(path)
+
+
+def test_fuse_mode_is_checked():
+    with pytest.raises(SpecError, match="schedule.fuse: expected one of auto, required, got 'always'"):
+        parse_spec(HEAD + "outputs:\n  y: {}\nforward:\n  y: conv2d(x, w, 1, 0)\n"
+                   "schedule:\n  fuse: always\n", "t.yaml")
+
+
+def test_conv2d_declaration_errors():
+    with pytest.raises(SpecError, match="conv2d needs weights declared with shape: \\[O, C, KH, KW\\]"):
+        build_graphs(parse_spec("name: t\ninputs:\n  x: {dtypes: [float32], layouts: [NCHW]}\n"
+                                "  w: {dtypes: [float32]}\noutputs:\n  y: {}\n"
+                                "forward:\n  y: conv2d(x, w, 1, 0)\n", "t.yaml"))
+    with pytest.raises(SpecError, match="stride must be a whole number >= 1, got 0.5"):
+        build_graphs(parse_spec(HEAD + "outputs:\n  y: {}\nforward:\n  y: conv2d(x, w, 0.5, 0)\n",
+                                "t.yaml"))
+    with pytest.raises(SpecError, match="second dim of the weights \\(K\\) must be the channel dim"):
+        build_graphs(parse_spec("name: t\ninputs:\n  x: {dtypes: [float32], layouts: [NCHW]}\n"
+                                "  w: {dtypes: [float32], shape: [O, K, KH, KW]}\noutputs:\n  y: {}\n"
+                                "forward:\n  y: conv2d(x, w, 1, 0)\n", "t.yaml"))
+
+
+def test_fusion_warning_at_build(tmp_path):
+    text = HEAD + "outputs:\n  y: {}\n  z: {}\nforward:\n  z: conv2d(x, w, 1, 0)\n" \
+        "  y: where(z > 0, z, 0.1 * z)\n"
+    (name,) = opkit.load(write_op(tmp_path, text.replace("name: t", "name: conv_unfused")))
+    op = opkit.get(name)
+    with pytest.warns(FusionWarning, match="Cannot fuse gt with preceding op conv2d"):
+        op.build()
+    x, w = np.ones((1, 2, 3, 3)), np.ones((2, 2, 1, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FusionWarning)
+        y, z = op(x, w)
+    np.testing.assert_array_equal(z, np.full((1, 2, 3, 3), 2.0))
+    np.testing.assert_array_equal(y, z)
+
+
+def test_bundled_conv_operators_fuse_completely():
+    for name in ("conv2d_bias_leaky_relu", "conv2d_bn_leaky_relu", "conv2d_bn_train_leaky_relu"):
+        op = opkit.get(name)
+        assert all(n.fused for n in op.lowered().forward.fusion), name
+        assert op.fusion_notes() == ()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_bench_cases_time_the_same_computation(layout):
+    """What `opkit bench` compares computes one result: fused, unfused chain and PyTorch."""
+    from opkit.bench_conv import conv_bn_case, conv_bn_train_case
+    fns, _ = conv_bn_case((2, 8, 6, 5), 3, layout, np.random.default_rng(0))
+    fused = fns["opkit"]()
+    np.testing.assert_allclose(fused, fns["opkit unfused"](), rtol=1e-4, atol=1e-5)
+    if "torch" in fns:
+        want = fns["torch"]().numpy() if layout == "NCHW" else fns["torch"]().permute(0, 2, 3, 1).numpy()
+        np.testing.assert_allclose(fused, want, rtol=1e-4, atol=1e-4)
+        fns, _ = conv_bn_train_case((2, 8, 6, 5), 3, layout, np.random.default_rng(0))
+        ours, theirs = fns["opkit"](), fns["torch"]()
+        dx = theirs[0].numpy() if layout == "NCHW" else theirs[0].permute(0, 2, 3, 1).numpy()
+        np.testing.assert_allclose(ours[0], dx, rtol=1e-3, atol=1e-4)
+        for a, b in zip(ours[1:], theirs[1:]):
+            np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_without_a_blas_backend_the_module_has_no_fused_calls(monkeypatch):
+    """OPKIT_BLAS=none (or no SciPy): nothing cimports SciPy, and the build warns."""
+    op = opkit.get("conv2d_bias_leaky_relu")
+    assert "cython_blas" in op.source()
+    monkeypatch.setenv("OPKIT_BLAS", "none")
+    assert "cython_blas" not in op.source() and "def fwdlib0_f" not in op.source()
+    assert any("no BLAS backend" in n for n in op.fusion_notes())
