@@ -10,6 +10,8 @@ with no compiler and `opkit build` finds every one in place. OPKIT_AOT chooses w
                           build ahead of time
     a list                portable,x86-64-v3,native ...
 
+OPKIT_AOT_OPS (comma-separated names) builds only those bundled operators ahead of time.
+
 docs/deploy.md describes the policy and what each choice guarantees.
 """
 import os
@@ -40,7 +42,8 @@ class BuildPyAheadOfTime(build_py):
             filter(None, [os.path.abspath(self.build_lib), os.environ.get("PYTHONPATH")])))
         env.pop("OPKIT_PATH", None)  # the bundled operators only
         subprocess.run([sys.executable, "-m", "opkit.packaging.aot", "--out", str(out),
-                        "--isa", _aot()], env=env, check=True)
+                        "--isa", _aot(), "--ops", os.environ.get("OPKIT_AOT_OPS", "")],
+                       env=env, check=True)
 
 
 class PlatformDistribution(Distribution):

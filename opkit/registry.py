@@ -85,7 +85,8 @@ class Registry:
     def _register(self, ops: List[Op], origin: str = "") -> List[str]:
         for op in ops:
             self._ops[op.name] = op
-            self._origins[op.name] = origin
+            # loading an operator's own file again (opkit build PATH) keeps where it came from
+            self._origins[op.name] = origin or self._origins.get(op.name, "")
         for op in ops:
             for listener in self._listeners:
                 listener(op)

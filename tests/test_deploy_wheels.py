@@ -2,7 +2,8 @@
 and an operator package made by `opkit package`, both installed into a fresh folder and used by
 a process that has no C compiler. Both wheels are built for `portable` only (one compile per
 operator, the cheapest), so the process, asking for native as it does by default, also shows
-the fallback to the best shipped module this CPU runs."""
+the fallback to the best shipped module this CPU runs; opkit's wheel carries two bundled
+operators (OPKIT_AOT_OPS), one with a fused convolution, shipped with SciPy's BLAS and without."""
 import os
 import subprocess
 import sys
@@ -29,6 +30,9 @@ USER_OP = textwrap.dedent("""\
     """)
 
 
+SHIPPED = ("leaky_relu", "conv2d_bias_leaky_relu")
+
+
 def _run(cmd, env=None, cwd=None, timeout=900):
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
     assert r.returncode == 0, f"{cmd}\n{r.stdout}\n{r.stderr}"
@@ -44,7 +48,8 @@ def installed(tmp_path_factory):
     # NumPy they were compiled against or a newer one of the same major version
     constraints = root / "constraints.txt"
     constraints.write_text(f"numpy=={np.__version__}\n")
-    env = dict(os.environ, OPKIT_AOT="portable", PIP_CONSTRAINT=str(constraints))
+    env = dict(os.environ, OPKIT_AOT="portable", OPKIT_AOT_OPS=",".join(SHIPPED),
+               PIP_CONSTRAINT=str(constraints))
     env.pop("OPKIT_PATH", None)
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
          env=env)
@@ -69,10 +74,10 @@ def test_the_wheels_hold_their_kernels(installed):
     opkit_wheel = next(w for w in wheels if w.name.startswith("opkit-"))
     assert "-cp" in opkit_wheel.name and not opkit_wheel.name.endswith("-any.whl")
     names = zipfile.ZipFile(opkit_wheel).namelist()
-    bundled = sorted(p.stem for p in (REPO / "operators").glob("*.yaml"))
-    shipped = sorted({n.split("/")[2].rsplit("-", 1)[0] for n in names
-                      if n.startswith("opkit/prebuilt/") and n.endswith("meta.json")})
-    assert shipped == bundled
+    shipped = sorted(n.split("/")[2].rsplit("-", 1)[0] for n in names
+                     if n.startswith("opkit/prebuilt/") and n.endswith("meta.json"))
+    # the fused convolution with SciPy's BLAS and without
+    assert shipped == ["conv2d_bias_leaky_relu", "conv2d_bias_leaky_relu", "leaky_relu"]
     assert not any(n.endswith(".c") for n in names)
     mine = next(w for w in wheels if w.name.startswith("my_ops-1.0-"))
     names = zipfile.ZipFile(mine).namelist()
@@ -91,6 +96,9 @@ def test_without_a_compiler_the_installed_operators_run(installed, tmp_path):
         x = np.array([-3.0, -0.5, 0.0, 2.0], np.float32)
         print(opkit.ops.softsign_gain(x, gain=3.0).tolist())
         print(opkit.ops.leaky_relu(x).tolist())
+        rng = np.random.default_rng(0)
+        xc, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 6, 5), (4, 3, 3, 3), (4,)))
+        np.save("conv.npy", opkit.ops.conv2d_bias_leaky_relu(xc, w, b, padding=1, alpha=0.1))
         for name in ("softsign_gain", "leaky_relu"):
             result = opkit.get(name).build()
             print(name, REGISTRY.origin(name), result.cached, result.meta["toolchain"]["isa"],
@@ -108,14 +116,33 @@ def test_without_a_compiler_the_installed_operators_run(installed, tmp_path):
         assert " ".join(who) == origin and cached == "True" and isa == "portable"
         assert entry.startswith(str(site)), entry
     assert r.stderr == ""
+    (tmp_path / "blasless").mkdir()
+    _run([sys.executable, "-c", script], env=dict(bare, OPKIT_BLAS="none"),
+         cwd=str(tmp_path / "blasless"))
+    rng = np.random.default_rng(0)  # the script's inputs
+    want = _conv_leaky(*(rng.standard_normal(s).astype(np.float32)
+                         for s in ((2, 3, 6, 5), (4, 3, 3, 3), (4,))))
+    for run in (tmp_path, tmp_path / "blasless"):
+        np.testing.assert_allclose(np.load(run / "conv.npy"), want, rtol=1e-5, atol=1e-5)
+
+
+def _conv_leaky(x, w, b, alpha=0.1):
+    """The direct sum of a 3x3 convolution with padding 1, bias and LeakyReLU, in float64."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    h, wd = x.shape[2:]
+    z = sum(np.einsum("nchw,oc->nohw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j].astype(np.float64))
+            for i in range(3) for j in range(3)) + b[:, None, None]
+    return np.where(z > 0, z, alpha * z)
 
 
 def test_without_a_compiler_opkit_build_is_all_hits_and_list_names_the_packages(installed, tmp_path):
     site, bare, _ = installed
-    r = _run([sys.executable, "-m", "opkit", "build", "-q", "--no-validate"], env=bare,
-             cwd=str(tmp_path))
+    files = [site / "opkit" / "operators" / f"{n}.yaml" for n in SHIPPED]
+    files.append(site / "my_ops" / "operators" / "softsign_gain.yaml")
+    r = _run([sys.executable, "-m", "opkit", "build", "-q", "--no-validate", *map(str, files)],
+             env=bare, cwd=str(tmp_path))
     rows = [line.split() for line in r.stdout.splitlines()[2:] if line and not line[0].isdigit()]
-    assert len(rows) == 6 and all(row[-3] == "hit" for row in rows), r.stdout
+    assert len(rows) == 3 and all(row[-3] == "hit" for row in rows), r.stdout
     r = _run([sys.executable, "-m", "opkit", "list"], env=bare, cwd=str(tmp_path))
     row = next(line for line in r.stdout.splitlines() if line.startswith("softsign_gain"))
     assert "my-ops 1.0" in row

@@ -16,8 +16,12 @@ import os
 import platform
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Iterable, List, Sequence, Tuple
+
+from ..backend import blas
+from ..errors import FusionWarning
 
 # what an entry folder of a wheel keeps: the module, its source and its record
 _KEEP = ("meta.json",)
@@ -65,27 +69,73 @@ def _private_cache():
 def build_ahead(ops: Sequence, out: Path, isas: Iterable[str], jobs: int = 0,
                 report=print) -> List[str]:
     """Compile every operator for every ISA (in a private cache, so nothing is taken from
-    elsewhere) and copy the entries into `out`; returns the entry names."""
+    elsewhere) and copy the entries into `out`; returns the entry names. An operator with fused
+    calls is built twice where SciPy is here: with its BLAS and without (what a process without
+    SciPy renders), so the shipped modules serve both."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    work = [(op, isa) for isa in isas for op in ops]
+    isas = tuple(isas)
     names: List[str] = []
     with _private_cache():
-        def one(item):
-            op, isa = item
-            result = op.build(force=True, isa=isa)
-            report(f"  {op.name} [{isa}]: compiled in {result.seconds:.1f}s")
-            return result
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-            for result in pool.map(one, work):
-                target = out / result.entry.name
-                if target.exists():
-                    shutil.rmtree(target)
-                target.mkdir()
-                for fname in list(result.meta["files"]) + list(_KEEP):
-                    shutil.copy2(result.entry / fname, target / fname)
-                names.append(target.name)
+        names += _build_into(out, [(op, isa) for isa in isas for op in ops], jobs, report)
+        if blas() is not None:
+            work = [(op, isa) for isa in isas for op in ops if _blas_in_source(op, isa)]
+            with _without_blas(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FusionWarning)  # unfused on purpose
+                names += _build_into(out, work, jobs, report, " without BLAS")
     return names
+
+
+def _blas_in_source(op, isa: str) -> bool:
+    """Whether the module of `op` differs without BLAS (it has fused calls)."""
+    source = op.source(isa)
+    with _without_blas():
+        return op.source(isa) != source
+
+
+@contextlib.contextmanager
+def _without_blas():
+    old = os.environ.get("OPKIT_BLAS")
+    os.environ["OPKIT_BLAS"] = "none"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OPKIT_BLAS", None)
+        else:
+            os.environ["OPKIT_BLAS"] = old
+
+
+def _build_into(out: Path, work, jobs: int, report, label: str = "") -> List[str]:
+    def one(item):
+        op, isa = item
+        result = op.build(force=True, isa=isa)
+        report(f"  {op.name} [{isa}]{label}: compiled in {result.seconds:.1f}s")
+        return result
+    names = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        for result in pool.map(one, work):
+            target = out / result.entry.name
+            if target.exists():
+                shutil.rmtree(target)
+            target.mkdir()
+            for fname in list(result.meta["files"]) + list(_KEEP):
+                shutil.copy2(result.entry / fname, target / fname)
+            names.append(target.name)
+    return names
+
+
+def select(ops: Sequence, only: str) -> List:
+    """The operators named in `only` (comma-separated; empty: all), each checked."""
+    wanted = [n.strip() for n in (only or "").split(",") if n.strip()]
+    if not wanted:
+        return list(ops)
+    known = {op.name: op for op in ops}
+    bad = [n for n in wanted if n not in known]
+    if bad:
+        raise ValueError(f"OPKIT_AOT_OPS names {bad[0]!r}, which is not a bundled operator; "
+                         f"choose from {', '.join(sorted(known))}")
+    return [known[n] for n in wanted]
 
 
 def main(argv=None) -> int:
@@ -97,15 +147,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m opkit.packaging.aot")
     parser.add_argument("--out", required=True, help="the folder to copy the entries into")
     parser.add_argument("--isa", default="native", help="native (default), dist, none or a list")
+    parser.add_argument("--ops", default="", help="only these operators (comma-separated)")
     parser.add_argument("-j", "--jobs", type=int, default=0)
     args = parser.parse_args(argv)
     import opkit
     from ..registry import REGISTRY
-    ops = [opkit.get(n) for n in opkit.list_ops() if REGISTRY.origin(n) == "opkit"]
+    ops = select([opkit.get(n) for n in opkit.list_ops() if REGISTRY.origin(n) == "opkit"],
+                 args.ops)
     isas = parse_isas(args.isa)
     t0 = time.perf_counter()
     print(f"opkit: building the kernels of {len(ops)} bundled operators ahead of time for "
-          f"{', '.join(isas)} (OPKIT_AOT=0 skips this)", file=sys.stderr)
+          f"{', '.join(isas)} (OPKIT_AOT=0 skips this; OPKIT_AOT_OPS picks some)", file=sys.stderr)
     names = build_ahead(ops, Path(args.out), isas, args.jobs,
                         report=lambda line: print(line, file=sys.stderr))
     print(f"opkit: {len(names)} module(s) in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
