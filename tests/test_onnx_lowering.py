@@ -124,32 +124,52 @@ LIBRARY_CASES = {  # operators whose graphs reach each library primitive
     "fourier": ("freq_leaky_relu", [(2, 3, 8, 6)]),
     "sum": ("fused_bias_leaky_relu", [(2, 3, 4, 5), (3,)]),       # d bias
     "sum_to": ("spatial_leaky_relu", [(2, 3, 4, 5), (1, 1, 4, 5)]),  # d alpha_map
+    # stride 2 and padding 1 on a 7 x 6 image: the transposed convolution's rows no window reached
+    "conv2d": ("conv2d_bias_leaky_relu", [(2, 3, 7, 6), (4, 3, 3, 3), (4,)],
+               {"stride": 2, "padding": 1}),
+    "conv2d_dx": ("conv2d_bias_leaky_relu", [(2, 3, 7, 6), (4, 3, 3, 3), (4,)],
+                  {"stride": 2, "padding": 1}),
+    "conv2d_dw": ("conv2d_bias_leaky_relu", [(2, 3, 7, 6), (4, 3, 3, 3), (4,)],
+                  {"stride": 2, "padding": 1}),
+    "mean": ("conv2d_bn_train_leaky_relu", [(2, 3, 5, 4), (4, 3, 3, 3), (4,), (4,)],
+             {"padding": 1}),
+    "share": ("conv2d_bn_train_leaky_relu", [(2, 3, 5, 4), (4, 3, 3, 3), (4,), (4,)],
+              {"padding": 1}),
 }
+
+
+# onnxruntime's CPU provider has no float64 Conv or ConvTranspose: the operators with a
+# convolution are run in float32, against the float64 reference of the float32 inputs
+FLOAT32 = {"conv2d", "conv2d_dx", "conv2d_dw", "mean", "share"}
 
 
 @pytest.mark.parametrize("prim", sorted(LIBRARY_CASES))
 def test_library_primitives_forward_and_backward(prim):
-    name, shapes = LIBRARY_CASES[prim]
+    name, shapes, *given = LIBRARY_CASES[prim]
+    given = given[0] if given else {}
     op = _bundled(name)
     rng = np.random.default_rng(1)
-    args = [rng.standard_normal(s) for s in shapes]
+    dtype = np.float32 if prim in FLOAT32 else np.float64
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes]
     for backward in (False, True):
         graphs = op.graphs_of(op.variants[0])
         used = {n.op for n in (graphs.backward if backward else graphs.forward).nodes()}
         if prim not in used:
             continue
-        ys = reference(op, args)
-        dys = [rng.standard_normal(y.shape) for y in ys]
-        model = export(op, None, args, backward=backward)
+        ys = reference(op, args, given)
+        dys = [rng.standard_normal(y.shape).astype(dtype) for y in ys]
+        model = export(op, None, args, given, backward=backward)
         feed = {i.name: a for i, a in zip(op.spec.inputs, args)}
         feed.update({f"d{o.name}": d for o, d in zip(op.spec.outputs, dys)} if backward else {})
         got = run(model, feed)
         # ONNX float attributes are 32-bit: the reference takes the attrs the model holds
         attrs = {a.name: float(np.float32(a.default)) for a in op.spec.attrs
                  if a.type == "float" and a.default is not None}
+        attrs.update(given)
         want = reference(op, args, attrs, backward=backward, dy=dys)
+        tol = dict(rtol=1e-9, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
         for g, w in zip(got, want):
-            np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(g, w, **tol)
         break
     else:
         pytest.fail(f"{name} does not use {prim}")
@@ -216,3 +236,26 @@ def test_export_errors_say_what_to_do(call, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
         call()
+
+
+def test_a_primitive_without_a_lowering_is_named(monkeypatch):
+    """An operator using a primitive that has no ONNX form fails to export, naming it."""
+    from opkit.onnx import LOWERINGS
+    monkeypatch.delitem(LOWERINGS, "erf")
+    with pytest.raises(ExportError, match="the primitive 'erf' has no ONNX lowering"):
+        export(make("erf(x) + 1"), None, [np.zeros(3, np.float32)])
+
+
+def test_a_convolution_fixes_its_stride_and_padding():
+    """Conv's strides and pads are attributes of its own: the export fixes stride and padding
+    (the function has no attributes for them, the model says what they were)."""
+    model = export(_bundled("conv2d_bias_leaky_relu"), None,
+                   [(1, 3, 8, 8), (4, 3, 3, 3), (4,)], {"stride": 2, "padding": 1})
+    fn = model.functions[0]
+    names = set(fn.attribute) | {a.name for a in fn.attribute_proto}
+    assert names == {"alpha"}
+    conv = next(n for n in fn.node if n.op_type == "Conv")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
+    assert attrs["strides"] == [2, 2] and attrs["pads"] == [1, 1, 1, 1]
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props["fixed attrs"] == "stride=2, padding=1"

@@ -10,13 +10,13 @@ except those that shape the model (a resampling factor): the export fixes those.
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..dsl.variants import pick
 from ..runtime.bind import bind, dtype_name, finfo_values, split_args
-from ..spec.model import FLOAT_DTYPES, DtypeLimit
+from ..spec.model import FLOAT_DTYPES, LAYOUT_PHYSICAL, DtypeLimit
 from . import ops  # noqa: F401  (registers the lowerings)
 from .lowering import Context, Emitter, ExportError, align, lower_graph
 
@@ -44,6 +44,12 @@ def compute_dtype(result: str) -> str:
     return "float64" if result == "float64" else "float32"
 
 
+class Typed(NamedTuple):
+    """An input given as a shape with a dtype of its own (PyTorch's exporter knows both)."""
+    shape: Shape
+    dtype: str
+
+
 class Stand:
     """The call an export describes: shapes with names for free dims, checked as a call."""
 
@@ -63,9 +69,15 @@ class Stand:
             inputs = default_shapes(self.spec, {}, layout)
         # a dim given by name stands at a size no dim is given, while the call is checked
         self.free: Dict[int, str] = {}      # stand-in size -> its name
-        self.fixed = {int(s) for v in inputs if isinstance(v, (tuple, list))
-                      for s in v if not isinstance(s, str)}
+        self.fixed = {int(s) for v in inputs if isinstance(v, (tuple, list, Typed))
+                      for s in (v.shape if isinstance(v, Typed) else v) if not isinstance(s, str)}
         self.fixed |= {s for v in inputs if isinstance(v, np.ndarray) for s in v.shape}
+        # the H and W axes of inputs in a 4-d layout: their free dims stand at sizes far above
+        # the others', so a kernel whose size is free too fits in them
+        from ..runtime.bind import choose_layout
+        physical = LAYOUT_PHYSICAL.get(choose_layout(self.spec, layout, where), ())
+        self.spatial = {k: {physical.index("H"), physical.index("W")}
+                        for k, i in enumerate(self.spec.inputs) if physical and i.shape is None}
         arrays = [self._stand_in(v, dtype, where, k) for k, v in enumerate(inputs)]
         args = split_args(self.spec, self.spec.input_names, tuple(arrays), dict(attrs or {}), where)
         outputs = self.spec.outputs
@@ -76,6 +88,7 @@ class Stand:
                 _, shape, _ = probe.outputs[o.name]
                 extra.append((f"d{o.name}", np.broadcast_to(np.zeros((), probe.dtype), shape), o.name))
         self.bound = bind(self.spec, args, layout, where, extra)
+        self.created = self._free_created()
         self.given = args
         given_optional = tuple(i.name for i in self.spec.inputs
                                if i.optional and i.name in self.bound.values)
@@ -86,6 +99,8 @@ class Stand:
     def _stand_in(self, value, dtype: str, where: str, k: int):
         if value is None:
             return None
+        if isinstance(value, Typed):
+            value, dtype = value.shape, value.dtype
         if isinstance(value, np.ndarray) or hasattr(value, "__array_interface__"):
             arr = np.asarray(value)
             return np.broadcast_to(np.zeros((), arr.dtype), arr.shape)
@@ -93,11 +108,11 @@ class Stand:
             raise TypeError(f"{where}: input {self.spec.input_names[k]} must be an example array "
                             f"or a shape (a tuple of sizes and names), got {type(value).__name__}")
         shape = []
-        for s in value:
+        spatial = self.spatial.get(k, ()) if len(value) == 4 else ()
+        for axis, s in enumerate(value):
             if isinstance(s, str):
                 if s not in self.free.values():
-                    size = max([1, *self.fixed, *self.free]) + 1
-                    self.free[size] = s
+                    self.free[self._size(axis in spatial)] = s
                 shape.append(next(n for n, sym in self.free.items() if sym == s))
             elif isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0:
                 shape.append(int(s))
@@ -105,6 +120,29 @@ class Stand:
                 raise TypeError(f"{where}: a shape holds sizes (ints >= 0) and names of free dims "
                                 f"(strings), got {s!r} in input {self.spec.input_names[k]}")
         return np.broadcast_to(np.zeros((), np.dtype(_np_dtype(dtype))), tuple(shape))
+
+    def _free_created(self) -> set:
+        """The dims a call creates (a conv2d's OH) from free dims: their sizes move when the
+        free dims' stand-ins do."""
+        from ..runtime.shapes import shape_rules
+        sizes = self.bound.sizes
+        moved = {d: 2 * s if s in self.free else s for d, s in sizes.items()}
+        try:
+            other = shape_rules(self.spec).derive(moved, self.bound.attrs)
+        except ValueError:
+            return set()
+        rules = shape_rules(self.spec)
+        created = {d for n in rules.calls for d in n.dims}
+        return {d for d in created if d in sizes and d in other and other[d] != sizes[d]}
+
+    def _size(self, spatial: bool) -> int:
+        """A stand-in size no given or free dim has: small ones in order, 1001, 2001 ... for
+        the spatial dims (conv2d results of them fall between)."""
+        taken = self.fixed | set(self.free)
+        size = max([1, *(t for t in taken if t < 1000)]) + 1 if not spatial else 1001
+        while size in taken:
+            size += 1000 if spatial else 1
+        return size
 
     def shape(self, arr: np.ndarray) -> Tuple[Optional[int], ...]:
         return tuple(None if s in self.free else s for s in arr.shape)
@@ -209,12 +247,15 @@ class ProtoEmitter(Emitter):
 
 
 def _static_attrs(graph, stand: Stand) -> Dict[str, object]:
-    """The attrs a lowering needs as numbers (a resampling factor): found by a dry run."""
+    """The attrs a lowering needs as numbers (a resampling factor, a convolution's stride and
+    padding): the scalar arguments of library calls that are attrs."""
     from ..dsl.ir import topo_order
+    from ..dsl.library import LIBRARY
     static = {}
     for node in topo_order(graph.output_nodes):
-        if node.op == "fourier" and node.args[1].op == "attr":
-            static[node.args[1].name] = stand.bound.attrs[node.args[1].name]
+        for k in (LIBRARY[node.op].scalar_args if node.op in LIBRARY else ()):
+            if node.args[k].op == "attr":
+                static[node.args[k].name] = stand.bound.attrs[node.args[k].name]
     return static
 
 
@@ -235,9 +276,8 @@ def _attribute(onnx, name: str, typ: str, value):
     return onnx.helper.make_attribute(name, int(value))
 
 
-def build_function(op, stand: Stand, backward: bool = False, opset: int = DEFAULT_OPSET):
-    """The FunctionProto `opkit.<name>` (or `<name>_backward`) and the attrs its caller sets."""
-    onnx = _onnx()
+def prepare(op, stand: Stand, backward: bool = False):
+    """The graph an export lowers, its Context and each input's dim names."""
     graphs = op.graphs_of(stand.variant)
     graph = graphs.backward if backward else graphs.forward
     if backward and not graphs.differentiable:
@@ -249,26 +289,44 @@ def build_function(op, stand: Stand, backward: bool = False, opset: int = DEFAUL
     for o, (nm, shape, _) in bound.outputs.items():
         for d, s in zip(nm, shape):
             sizes.setdefault(d, None if s in stand.free else s)
+    sizes.update((d, None) for d in stand.created)
     ctx = Context(sizes, dict(bound.attrs), np.dtype(stand.compute), names, shapes)
     ctx.static = _static_attrs(graph, stand)
+    return graph, ctx, names
+
+
+def lower_outputs(graph, em, stand: Stand, ctx: Context, names, backward: bool = False):
+    """The lowered results as (output name, ref): each in its output's axes and shape, in the
+    call's result dtype (an input's for a gradient)."""
+    bound = stand.bound
+    out = []
+    for name, val in lower_graph(graph, em, names, ctx).items():
+        if backward:
+            target = names[name]
+            shape = stand.shape(bound.values[name][0])
+            dtype = dtype_name(bound.values[name][0].dtype)
+        else:
+            target, out_shape, _ = bound.outputs[name]
+            shape = tuple(None if s in stand.free or d in stand.created else s
+                          for d, s in zip(target, out_shape))
+            dtype = stand.result
+        ref = em.expand(align(em, val, target), target, shape, val.names)
+        if dtype != stand.compute:
+            ref = em.cast(ref, dtype)
+        out.append((("d" + name) if backward else name, ref))
+    return out
+
+
+def build_function(op, stand: Stand, backward: bool = False, opset: int = DEFAULT_OPSET):
+    """The FunctionProto `opkit.<name>` (or `<name>_backward`) and the attrs its caller sets."""
+    onnx = _onnx()
+    graph, ctx, names = prepare(op, stand, backward)
+    bound = stand.bound
     attrs = [a for a in op.spec.attrs if a.type != "str" and a.name not in ctx.static]
     types = {a.name: "float" if a.type == "float" else "int" for a in attrs}
     em = ProtoEmitter(ctx, stand, types)
-    results = lower_graph(graph, em, names, ctx)
     outputs = []
-    for name, val in results.items():
-        out_name = ("d" + name) if backward else name
-        if backward:
-            target = names[name]
-            arr = bound.values[name][0]
-        else:
-            target, out_shape, _ = bound.outputs[name]
-        shape = stand.shape(arr) if backward else \
-            tuple(None if s in stand.free else s for s in out_shape)
-        ref = em.expand(align(em, val, target), target, shape, val.names)
-        dtype = dtype_name(bound.values[name][0].dtype) if backward else stand.result
-        if dtype != stand.compute:
-            ref = em.cast(ref, dtype)
+    for out_name, ref in lower_outputs(graph, em, stand, ctx, names, backward):
         em.nodes.append(onnx.helper.make_node("Identity", [ref], [out_name]))
         outputs.append(out_name)
     fn_name = f"{op.name}_backward" if backward else op.name
@@ -313,8 +371,9 @@ def to_model(op, inputs=None, attrs: Optional[Mapping] = None, *, layout: Option
             arr = bound.values[name[1:]][0]
             outs.append(info(name, arr.dtype, stand.dims(arr)))
         else:
-            _, shape, _ = bound.outputs[name]
-            outs.append(info(name, bound.dtype, tuple(stand.free.get(s, s) for s in shape)))
+            dims, shape, _ = bound.outputs[name]
+            outs.append(info(name, bound.dtype, tuple(d if d in stand.created else stand.free.get(s, s)
+                                                      for d, s in zip(dims, shape))))
     node = helper.make_node(function.name, graph_inputs, outputs, domain=DOMAIN)
     node.attribute.extend(call_attrs.values())
     graph = helper.make_graph([node], f"opkit_{function.name}", ins, outs)

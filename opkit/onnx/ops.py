@@ -205,3 +205,90 @@ def _fourier(em, node, args, ctx) -> Val:
         product = em.op("MatMul", moved, em.const(np.ascontiguousarray(matrix.T)))
         ref = em.op("Transpose", product, perm=[perm.index(i) for i in range(len(perm))])
     return Val(ref, val.names, resized)
+
+
+def _mean_axes(val: Val, keep):
+    return [i for i, n in enumerate(val.names) if n not in keep]
+
+
+@onnx_lowering("mean")
+def _mean(em, node, args, ctx) -> Val:
+    (val,) = args
+    keep = node.params[0]
+    axes = _mean_axes(val, keep)
+    if not axes:  # constant along every dim it averages: the mean is itself
+        return val
+    return Val(em.op("ReduceMean", val.ref, em.ints(axes), keepdims=0),
+               tuple(n for n in val.names if n in keep))
+
+
+@onnx_lowering("share")
+def _share(em, node, args, ctx) -> Val:
+    """A mean's gradient: divided by the number of elements averaged (0 where there were none)."""
+    (val,) = args
+    sizes = [ctx.sizes.get(d) for d in node.params[0]]
+    if all(s is not None for s in sizes):
+        count = int(np.prod(sizes))
+        ref = em.op("Div", val.ref, em.scalar(count)) if count else \
+            em.op("Mul", val.ref, em.scalar(0.0))
+        return Val(ref, val.names, val.resized)
+    count = em.cast(em.op("ReduceProd", em.op("Concat", *[em.dim_size(d) for d in node.params[0]],
+                                                axis=0), keepdims=0))
+    zero = em.scalar(0.0)
+    ref = em.op("Where", em.op("Equal", count, zero), em.op("Mul", val.ref, zero),
+                em.op("Div", val.ref, count))
+    return Val(ref, val.names, val.resized)
+
+
+def _logical(em, val: Val, dims, ctx):
+    """`val` as a 4-d tensor with exactly the axes `dims` (broadcast where it lacks one)."""
+    dims = tuple(dims)
+    ref = align(em, val, dims)
+    present = tuple(n for n in dims if n in val.names)
+    if len(present) < len(dims) and present == dims[len(dims) - len(present):]:
+        ref = em.op("Unsqueeze", ref, em.ints(range(len(dims) - len(present))))  # leading ones
+    shape = tuple(ctx.sizes.get(d) for d in dims)
+    return em.expand(ref, tuple(dims), shape, val.names)
+
+
+def _conv_ints(node, ctx, what: str):
+    stride = ctx.constant(node.args[2], f"{what}'s stride")
+    padding = ctx.constant(node.args[3], f"{what}'s padding")
+    return int(stride), int(padding)
+
+
+@onnx_lowering("conv2d")
+def _conv2d(em, node, args, ctx) -> Val:
+    x_dims, w_dims, out_dims = node.params
+    s, p = _conv_ints(node, ctx, "conv2d")
+    x, w = _logical(em, args[0], x_dims, ctx), _logical(em, args[1], w_dims, ctx)
+    return Val(em.op("Conv", x, w, strides=[s, s], pads=[p, p, p, p]), tuple(out_dims))
+
+
+@onnx_lowering("conv2d_dx")
+def _conv2d_dx(em, node, args, ctx) -> Val:
+    """The transposed convolution, padded at the end to x's size (rows no window reached)."""
+    g_dims, w_dims, x_dims = node.params
+    s, p = _conv_ints(node, ctx, "conv2d's gradient")
+    g, w = _logical(em, args[0], g_dims, ctx), _logical(em, args[1], w_dims, ctx)
+    extra = []
+    for out_d, k_d, x_d in zip(g_dims[2:], w_dims[2:], x_dims[2:]):
+        n, k, h = (ctx.size(d, "conv2d's gradient with respect to x") for d in (out_d, k_d, x_d))
+        extra.append(h - (s * (n - 1) + k - 2 * p))
+    return Val(em.op("ConvTranspose", g, w, strides=[s, s], pads=[p, p, p, p],
+                     output_padding=extra), tuple(x_dims))
+
+
+@onnx_lowering("conv2d_dw")
+def _conv2d_dw(em, node, args, ctx) -> Val:
+    """The correlation of x with dy as a convolution over the batch: x as (C, N, H, W), dy as
+    (O, N, OH, OW) dilated by the stride; the result (C, O, ...) cut to the kernel's size."""
+    x_dims, g_dims, w_dims = node.params
+    s, p = _conv_ints(node, ctx, "conv2d's gradient")
+    x, g = _logical(em, args[0], x_dims, ctx), _logical(em, args[1], g_dims, ctx)
+    x = em.op("Transpose", x, perm=[1, 0, 2, 3])
+    g = em.op("Transpose", g, perm=[1, 0, 2, 3])
+    out = em.op("Conv", x, g, dilations=[s, s], pads=[p, p, p, p])
+    kh, kw = (ctx.size(d, "conv2d's gradient with respect to w") for d in w_dims[2:])
+    out = em.op("Slice", out, em.ints([0, 0]), em.ints([kh, kw]), em.ints([2, 3]))
+    return Val(em.op("Transpose", out, perm=[1, 0, 2, 3]), tuple(w_dims))
