@@ -26,6 +26,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from ..runtime.bind import bind
+from ..runtime.shapes import shape_rules
 from ..spec.model import LAYOUT_PHYSICAL
 
 DTYPES: Dict[torch.dtype, str] = {
@@ -185,7 +186,15 @@ class Convert:
         k = self.like[o]
         if k is not None:
             return call.padded[k] >= 0
-        return call.nhwc and tuple(bound.outputs[self.spec.outputs[o].name][0]) == NHWC_NAMES
+        if not call.nhwc:
+            return False
+        name = self.spec.outputs[o].name
+        names = tuple(bound.outputs[name][0])
+        # an output on dims of its own stored as its input is (a conv2d result: N, OH, OW, O)
+        rules = shape_rules(self.spec)
+        logical = dict(rules.outputs).get(name)
+        return names == NHWC_NAMES or (logical is not None and names != logical and
+                                       names == rules.physical(logical, "NHWC"))
 
     def to_logical(self, t: torch.Tensor, call: Call, o: int, bound=None) -> torch.Tensor:
         """Output `o` as opkit shapes it → its logical tensor."""
