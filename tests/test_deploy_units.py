@@ -134,3 +134,36 @@ def test_the_runtime_falls_back_to_the_best_level_the_cpu_runs(monkeypatch):
     ("1.26.4", "2.0.0", False), ("2.0.0", "1.26.4", False), ("", "2.0", False)])
 def test_numpy_compatibility_of_shipped_modules(built, running, ok):
     assert numpy_compatible(built, running) is ok
+
+
+def test_loading_an_operators_own_file_again_keeps_its_origin(tmp_path):
+    reg = Registry()
+    pkg = _package(tmp_path, "alpha 1.0", "a1")
+    reg.load_packages([pkg])
+    reg.load(pkg.operators / "a1.yaml")  # opkit build PATH loads the file it builds
+    assert reg.origin("a1") == "alpha 1.0"
+
+
+def test_a_shipped_module_is_found_whatever_scipys_version():
+    """The BLAS line of a module with fused calls names SciPy's version; the ship key leaves
+    it out (cython_blas's functions are looked up by name at import), nothing else."""
+    from opkit.builder import toolchain
+    from opkit.builder.compile import ship_key
+    tc = toolchain("portable")
+    body = "# BLAS: scipy {} (scipy.linalg.cython_blas sgemm/dgemm). Each call runs ...\nx = 1\n"
+    key = ship_key("op", body.format("1.17.1"), {}, tc)
+    assert ship_key("op", body.format("1.11.0"), {}, tc) == key
+    assert ship_key("op", body.format("1.11.0") + "y = 2\n", {}, tc) != key
+
+
+def test_aot_operators_are_picked_by_name():
+    from opkit.packaging.aot import select
+
+    class Op:
+        def __init__(self, name):
+            self.name = name
+    ops = [Op("a"), Op("b"), Op("c")]
+    assert select(ops, "") == ops and [o.name for o in select(ops, "c, a")] == ["c", "a"]
+    with pytest.raises(ValueError, match="OPKIT_AOT_OPS names 'd', which is not a bundled "
+                                         "operator; choose from a, b, c"):
+        select(ops, "a,d")
