@@ -10,6 +10,9 @@ import pytest
 
 if not os.environ.get("OPKIT_CACHE_DIR"):
     os.environ["OPKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="opkit-test-cache-")
+# the tests compile their own kernels, whether or not the opkit they import carries modules
+# built ahead of time (an installed one does); the shipping tests turn them back on
+os.environ["OPKIT_PREBUILT"] = "0"
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "user_ops"

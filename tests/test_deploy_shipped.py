@@ -39,6 +39,7 @@ def shipped(compiled, tmp_path, monkeypatch):
     folder = tmp_path / "shipped"
     shutil.copytree(built, folder / built.name)
     monkeypatch.setenv("OPKIT_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("OPKIT_PREBUILT")
     monkeypatch.setattr(cache, "_SHIPPED", [folder])
     cache._recorded_width.cache_clear()
 
@@ -97,5 +98,12 @@ def test_a_damaged_shipped_module_is_not_loaded(shipped):
     with open(so, "r+b") as fh:
         fh.seek(100)
         fh.write(b"\0" * 16)
+    with pytest.raises(AssertionError, match="compiled instead"):
+        make_op(op_file).build()
+
+
+def test_opkit_prebuilt_0_ignores_the_shipped_modules(shipped, monkeypatch):
+    op_file, entry = shipped
+    monkeypatch.setenv("OPKIT_PREBUILT", "0")
     with pytest.raises(AssertionError, match="compiled instead"):
         make_op(op_file).build()

@@ -64,7 +64,8 @@ def installed(tmp_path_factory):
           *map(str, wheels)])
     empty = root / "bin-without-cc"
     empty.mkdir()
-    bare = {k: v for k, v in os.environ.items() if k not in ("CC", "OPKIT_PATH", "PYTHONPATH")}
+    bare = {k: v for k, v in os.environ.items()
+            if k not in ("CC", "OPKIT_PATH", "PYTHONPATH", "OPKIT_PREBUILT")}
     bare.update(PATH=str(empty), PYTHONPATH=str(site), OPKIT_CACHE_DIR=str(root / "cache"))
     return site, bare, wheels
 

@@ -71,6 +71,10 @@ def numpy_compatible(built: str, running: str) -> bool:
 
 
 def shipped_roots() -> List[Path]:
+    """The shipped folders, in search order; none with OPKIT_PREBUILT=0 (every module is then
+    compiled into the user's cache, as without them)."""
+    if os.environ.get("OPKIT_PREBUILT", "").strip() == "0":
+        return []
     from .._paths import prebuilt_dir
     own = prebuilt_dir()
     return [p for p in ([own] if own else []) + _SHIPPED if p.is_dir()]
