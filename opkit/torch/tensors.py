@@ -252,6 +252,7 @@ class Convert:
                 for n, s in zip(bound.values[name][1], v.shape):
                     if n not in sizes and _hint(s) == bound.sizes[n]:
                         sizes[n] = s
-            t = call.views[0].new_empty([sizes[n] for n in names], dtype=dtype)
+            # a dim a call creates (a convolution's OH) is no input's: its size as bound
+            t = call.views[0].new_empty([sizes.get(n, bound.sizes[n]) for n in names], dtype=dtype)
             outs.append(self.to_logical(t, call, o, bound))
         return outs
