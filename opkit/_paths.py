@@ -24,3 +24,10 @@ def templates_dir() -> Path:
 
 def operators_dir() -> Path:
     return _find("operators")
+
+
+def prebuilt_dir():
+    """The modules an installed opkit carries, built ahead of time (None in a source checkout
+    or an install without them)."""
+    path = _PKG / "prebuilt"
+    return path if path.is_dir() else None

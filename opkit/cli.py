@@ -6,6 +6,7 @@ import concurrent.futures
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from typing import List, Optional
@@ -108,6 +109,8 @@ def _validated(op, result, revalidate: bool):
     from .builder.cache import write_json_atomic
     from .validate import validate_op
     path = result.entry / "validation.json"
+    if _cache_root().resolve() not in result.entry.resolve().parents:
+        return validate_op(op).to_dict()  # a shipped module (read-only): the report is printed
     if not revalidate and path.is_file():
         try:
             return json.loads(path.read_text())
@@ -199,8 +202,18 @@ def cmd_list(args) -> int:
         ins = ", ".join(s.input_names)
         attrs = ", ".join(f"{a.name}={a.default!r}" if not a.required else a.name for a in s.attrs)
         rows.append([s.name, ins, attrs or "-", ",".join(d.replace("float", "f") for d in s.dtypes),
-                     ",".join(s.layouts), s.summary])
-    print(_table(rows, ["operator", "inputs", "attrs", "dtypes", "layouts", "summary"]))
+                     ",".join(s.layouts), REGISTRY.origin(s.name) or os.path.dirname(s.file),
+                     s.summary])
+    print(_table(rows, ["operator", "inputs", "attrs", "dtypes", "layouts", "from", "summary"]))
+    status = 0
+    packages = REGISTRY.package_errors()
+    if packages:
+        print("\noperator packages:")
+        for problem in packages:
+            print("  " + problem)
+        print(f"opkit list: error: {len(packages)} problem(s) with installed operator packages "
+              "(see above)", file=sys.stderr)
+        status = 1
     broken = REGISTRY.broken()
     if broken:
         print("\nbroken (not loaded from OPKIT_PATH):")
@@ -210,7 +223,7 @@ def cmd_list(args) -> int:
         print(f"opkit list: error: {len(broken)} declaration file(s) in OPKIT_PATH could not be "
               f"loaded ({where}); fix them or take them out of OPKIT_PATH", file=sys.stderr)
         return 1
-    return 0
+    return status
 
 
 def cmd_show(args) -> int:
@@ -391,6 +404,109 @@ def cmd_doctor(args) -> int:
     checkup = opkit.torch.doctor(model, x, repeat=args.repeat)
     print(checkup)
     return 1 if checkup.actionable else 0
+def _shape_option(text: str):
+    """`x=N,3,64,64` -> ("x", ("N", 3, 64, 64)); `x=` is a 0-d input."""
+    name, eq, dims = text.partition("=")
+    if not eq or not name:
+        raise ValueError(f"--shape takes NAME=DIMS, as x=N,3,64,64 (sizes, or names for free "
+                         f"dims), got {text!r}")
+    parts = [d.strip() for d in dims.split(",") if d.strip()]
+    return name, tuple(int(d) if d.isdigit() else d for d in parts)
+
+
+def _attr_option(op, text: str):
+    """`alpha=0.1` -> ("alpha", 0.1), read as the attr's declared type."""
+    name, eq, value = text.partition("=")
+    attrs = {a.name: a for a in op.spec.attrs}
+    if not eq or name not in attrs:
+        known = ", ".join(attrs) or "none"
+        raise ValueError(f"--attr takes NAME=VALUE with NAME an attr of {op.name} ({known}), "
+                         f"got {text!r}")
+    typ = attrs[name].type
+    try:
+        if typ == "str":
+            return name, value
+        if typ == "bool":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return name, value.lower() in ("true", "1")
+        if value.lower() in ("none", "null"):
+            return name, None
+        return name, int(value) if typ == "int" else float(value)
+    except ValueError:
+        raise ValueError(f"--attr {name}: expected {'an integer' if typ == 'int' else 'a number'}"
+                         f", got {value!r}") from None
+
+
+def cmd_export(args) -> int:
+    try:
+        from .onnx import export
+    except ImportError as exc:
+        print(f"opkit export: error: {exc}", file=sys.stderr)
+        return 1
+    ops = _select([args.name])
+    if len(ops) != 1:
+        raise ValueError(f"{args.name} declares {len(ops)} operators "
+                         f"({', '.join(o.name for o in ops)}); name one of them")
+    op = ops[0]
+    inputs = None
+    if args.shape:
+        shapes = dict(_shape_option(t) for t in args.shape)
+        unknown = set(shapes) - set(op.spec.input_names)
+        if unknown:
+            raise ValueError(f"--shape {sorted(unknown)[0]}: {op.name} has no such input (its "
+                             f"inputs: {', '.join(op.spec.input_names)})")
+        from .onnx.export import default_shapes
+        inputs = default_shapes(op.spec, shapes, args.layout)
+    attrs = dict(_attr_option(op, t) for t in args.attr)
+    try:
+        model = export(op, args.output, inputs, attrs, layout=args.layout, dtype=args.dtype,
+                       opset=args.opset, backward=args.backward)
+    except ImportError as exc:
+        print(f"opkit export: error: {exc}", file=sys.stderr)
+        return 1
+    props = {p.key: p.value for p in model.metadata_props}
+    ins = ", ".join(f"{i.name}{_dims(i)}" for i in model.graph.input)
+    outs = ", ".join(f"{o.name}{_dims(o)}" for o in model.graph.output)
+    print(f"wrote {args.output}: {op.name} ({props['pass']}, {props['dtype']}, layout "
+          f"{props['layout']}, opset {args.opset}) as the function {model.functions[0].domain}."
+          f"{model.functions[0].name}; inputs {ins}; outputs {outs}")
+    return 0
+
+
+def cmd_package(args) -> int:
+    from pathlib import Path
+    import opkit
+    from .packaging.aot import build_ahead, parse_isas
+    from .packaging.wheel import names_for, write_wheel
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder of YAML operator declarations")
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    if not files:
+        raise ValueError(f"{folder} holds no .yaml declarations")
+    dist, package = names_for(folder, args.name)
+    names = opkit.load(folder)  # every file checked (and refused with file:line) first
+    ops = [opkit.get(n) for n in names]
+    isas = parse_isas(args.isa)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="opkit-package-") as tmp:
+        prebuilt = Path(tmp) / "prebuilt"
+        if isas:
+            print(f"building {len(ops)} operator(s) for {', '.join(isas)}", file=sys.stderr)
+            build_ahead(ops, prebuilt, isas, args.jobs,
+                        report=lambda line: print(line, file=sys.stderr))
+        wheel = write_wheel(Path(args.output), dist, args.version, package, files,
+                            prebuilt if isas else None, ", ".join(names))
+    print(f"wrote {wheel} ({len(names)} operator(s): {', '.join(names)}; modules for "
+          f"{', '.join(isas) or 'no ISA: compiled on first use'}; "
+          f"{time.perf_counter() - t0:.0f}s); install it with pip install {wheel}")
+    return 0
+
+
+def _dims(value_info) -> str:
+    dims = value_info.type.tensor_type.shape.dim
+    return "[" + ", ".join(d.dim_param or str(d.dim_value) for d in dims) + "]"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -430,6 +546,33 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="memory layout of the example input")
     d.add_argument("--repeat", type=int, default=5, help="timed forwards per precision")
     d.set_defaults(func=cmd_doctor)
+    e = sub.add_parser("export", help="write an operator as an ONNX model and function")
+    e.add_argument("name", help="an operator, or a YAML file of one")
+    e.add_argument("-o", "--output", required=True, metavar="FILE.onnx", help="the model to write")
+    from .onnx.export import DEFAULT_OPSET, MIN_OPSET
+    e.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help=f"the ONNX opset (default {DEFAULT_OPSET}, at least {MIN_OPSET})")
+    e.add_argument("--layout", help="layout of 4-d inputs (default: the operator's first)")
+    e.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64", "bfloat16"],
+                   help="dtype of the inputs (default float32)")
+    e.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="an input's shape, sizes or names of free dims: x=N,3,64,64 (repeatable; "
+                        "default: the declared dims, free)")
+    e.add_argument("--attr", action="append", default=[], metavar="NAME=VALUE",
+                   help="an attr's value: its default in the function, and the choice of a str attr")
+    e.add_argument("--backward", action="store_true", help="export the backward pass instead")
+    add_path_option(e)
+    e.set_defaults(func=cmd_export)
+    pk = sub.add_parser("package", help="build a wheel of a folder of operators and their kernels")
+    pk.add_argument("folder", help="a folder of YAML operator declarations")
+    pk.add_argument("-o", "--output", required=True, metavar="DIST", help="the folder to write the wheel into")
+    pk.add_argument("--name", help="the distribution name (default: the folder's name)")
+    pk.add_argument("--version", default="0.1.0", help="the package version (default 0.1.0)")
+    pk.add_argument("--isa", default="dist",
+                    help="what the kernels are built for: dist (portable and, on x86-64, "
+                         "x86-64-v3; the default), native (this CPU only), none, or a list")
+    pk.add_argument("-j", "--jobs", type=int, default=0, help="parallel builds (default: all cores)")
+    pk.set_defaults(func=cmd_package)
     try:
         from .bench import add_parser as add_bench
         add_bench(sub)

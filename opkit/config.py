@@ -30,8 +30,9 @@ def _check_threads(v: Any) -> int:
     return v
 
 
-# native: every feature of this CPU; portable: the architecture's baseline only (opkit/target.py)
-ISAS = ("native", "portable")
+# native: every feature of this CPU; portable: the architecture's baseline only; x86-64-v3: the
+# x86-64 level with AVX2, FMA and F16C, which shipped modules are also built for (opkit/target.py)
+ISAS = ("native", "portable", "x86-64-v3")
 
 
 def _default_isa() -> str:

@@ -27,6 +27,11 @@ class Registry:
         self._ops: Dict[str, Op] = {}
         self._broken: List[SpecError] = []
         self._listeners: List[Callable[[Op], None]] = []
+        # operator packages (entry points, opkit/packaging/plugins.py): where each operator
+        # came from, and what could not be registered
+        self._origins: Dict[str, str] = {}
+        self._package_errors: List[str] = []
+        self._clashes: Dict[str, str] = {}
         self._lock = threading.RLock()
 
     def subscribe(self, listener: Callable[[Op], None]) -> None:
@@ -38,7 +43,7 @@ class Registry:
             for op in self.ops():
                 listener(op)
 
-    def load(self, path: Union[str, os.PathLike]) -> List[str]:
+    def load(self, path: Union[str, os.PathLike], origin: str = "") -> List[str]:
         """Register every operator declared in a folder (*.yaml) or in one file.
 
         All files are checked before any is registered, so a bad file changes nothing; the
@@ -48,7 +53,7 @@ class Registry:
             good = self._admit(ops, errors)
             if errors:
                 raise SpecError.combine(_in_file_order(errors))
-            return self._register(good)
+            return self._register(good, origin)
 
     def load_good(self, path: Union[str, os.PathLike]) -> Tuple[List[str], List[SpecError]]:
         """Register the good files of a folder and set the bad ones aside (`broken()` lists
@@ -77,9 +82,11 @@ class Registry:
                 good.append(op)
         return good
 
-    def _register(self, ops: List[Op]) -> List[str]:
+    def _register(self, ops: List[Op], origin: str = "") -> List[str]:
         for op in ops:
             self._ops[op.name] = op
+            # loading an operator's own file again (opkit build PATH) keeps where it came from
+            self._origins[op.name] = origin or self._origins.get(op.name, "")
         for op in ops:
             for listener in self._listeners:
                 listener(op)
@@ -89,6 +96,8 @@ class Registry:
         try:
             return self._ops[name]
         except KeyError:
+            if name in self._clashes:
+                raise KeyError(self._clashes[name]) from None
             raise KeyError(self.unknown(name, f"opkit.list_ops() lists {len(self._ops)} operators; "
                                               "load yours with opkit.load(PATH) or put their folder "
                                               "in OPKIT_PATH")) from None
@@ -108,6 +117,56 @@ class Registry:
     def broken(self) -> List[SpecError]:
         """The errors of the OPKIT_PATH files that were set aside at import."""
         return list(self._broken)
+
+    # ------------------------------------------------------------ operator packages
+
+    def origin(self, name: str) -> str:
+        """Where operator `name` came from: "opkit" (bundled), an operator package's name and
+        version, or "" (opkit.load, OPKIT_PATH: its file says where)."""
+        return self._origins.get(name, "")
+
+    def package_errors(self) -> List[str]:
+        """What installed operator packages could not register (name clashes, bad files)."""
+        return list(self._package_errors)
+
+    def load_packages(self, packages) -> List[str]:
+        """Register the operators of installed operator packages and search their modules
+        built ahead of time. A name two packages declare, or one that is registered already,
+        is registered by neither package; the error names both. Returns the errors."""
+        from .builder.cache import add_shipped
+        errors: List[str] = []
+        owners: Dict[str, List[Tuple[str, Op]]] = {}
+        for pkg in packages:
+            try:
+                ops, bad = _parse(pkg.operators)
+            except OSError as exc:
+                errors.append(f"operator package {pkg.name}: {exc}")
+                continue
+            errors += [f"operator package {pkg.name}: {e}".splitlines()[0] for e in bad]
+            if pkg.prebuilt is not None:
+                add_shipped(pkg.prebuilt)
+            for op in ops:
+                owners.setdefault(op.name, []).append((pkg.name, op))
+        with self._lock:
+            admitted = {}
+            for name, found in sorted(owners.items()):
+                old = self._ops.get(name)
+                if len(found) == 1 and old is None:
+                    admitted.setdefault(found[0][0], []).append(found[0][1])
+                    continue
+                who = [f"{p} ({op.spec.file})" for p, op in found]
+                if old is not None:
+                    who.insert(0, f"{self._origins.get(name) or 'opkit.load'} ({old.spec.file})")
+                message = (f"operator {name!r} is declared by both {who[0]} and "
+                           f"{' and '.join(who[1:])}: neither package's is registered; "
+                           "uninstall one of the packages (pip uninstall NAME)")
+                if old is None:
+                    self._clashes[name] = message
+                errors.append(message)
+            for package, ops in admitted.items():
+                self._register(ops, package)
+            self._package_errors += errors
+        return errors
 
 
 def _parse(path) -> Tuple[List[Op], List[SpecError]]:
@@ -149,9 +208,15 @@ REGISTRY = Registry()
 
 
 def load_defaults() -> None:
-    """The bundled operators, then each OPKIT_PATH folder; a bad file there is skipped with a
-    warning (the folder's other files still load) and listed by `opkit list`."""
-    REGISTRY.load(operators_dir())
+    """The bundled operators, then those of installed operator packages (entry points), then
+    each OPKIT_PATH folder; a bad file there is skipped with a warning (the folder's other
+    files still load) and listed by `opkit list`."""
+    from .packaging.plugins import discover
+    REGISTRY.load(operators_dir(), origin="opkit")
+    packages, problems = discover()
+    REGISTRY._package_errors += problems
+    for problem in problems + REGISTRY.load_packages(packages):
+        warnings.warn(f"opkit: {problem}", stacklevel=3)
     for folder in filter(None, os.environ.get("OPKIT_PATH", "").split(os.pathsep)):
         try:
             _, errors = REGISTRY.load_good(folder)

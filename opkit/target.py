@@ -32,8 +32,22 @@ class Target:
                f"{self.vector_bytes}-byte vectors; float16 conversion: {f16}"
 
 
+# The x86-64 micro-architecture levels that gcc and clang name with -march: what a module built
+# for one may use (the features that change generated code) and the CPU flags (as
+# /proc/cpuinfo names them) a CPU needs to run it.
+LEVELS = {
+    "x86-64-v3": {
+        "features": ("sse2", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c"),
+        "flags": ("sse2", "cx16", "lahf_lm", "popcnt", "pni", "ssse3", "sse4_1", "sse4_2", "avx",
+                  "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),
+        "vector_bytes": 32,
+    },
+}
+
+
 @functools.lru_cache(maxsize=None)
-def cpu_features() -> Tuple[str, ...]:
+def cpu_flags() -> Tuple[str, ...]:
+    """Every CPU flag /proc/cpuinfo lists (empty where it cannot be read)."""
     flags: set = set()
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
@@ -43,7 +57,21 @@ def cpu_features() -> Tuple[str, ...]:
                     break
     except OSError:
         pass
+    return tuple(sorted(flags))
+
+
+def cpu_features() -> Tuple[str, ...]:
+    flags = set(cpu_flags())
     return tuple(f for f in _RELEVANT if f in flags)
+
+
+def runs_here(isa: str, flags: Tuple[str, ...] = ()) -> bool:
+    """Whether this CPU runs a module built for `isa` (for native: on a CPU with `flags`)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") and isa in LEVELS:
+        return False
+    have = set(cpu_flags())
+    need = LEVELS[isa]["flags"] if isa in LEVELS else flags if isa == "native" else ()
+    return set(need) <= have
 
 
 def current(isa: str = "") -> Target:
@@ -53,9 +81,22 @@ def current(isa: str = "") -> Target:
     if isa not in ISAS:
         raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {isa!r}")
     machine = platform.machine().lower()
+    if isa in LEVELS:
+        if machine not in ("x86_64", "amd64"):
+            raise ValueError(f"isa {isa!r} is an x86-64 level; this machine is {machine}")
+        level = LEVELS[isa]
+        return Target(isa, machine, level["features"], level["vector_bytes"])
     if isa == "portable":
         base = ("sse2",) if machine in ("x86_64", "amd64") else ()
         return Target(isa, machine, base, 16)
     feats = cpu_features()
     width = 64 if "avx512f" in feats else 32 if "avx2" in feats or "avx" in feats else 16
     return Target(isa, machine, feats, width)
+
+
+def fallback_isas(isa: str) -> Tuple[str, ...]:
+    """What a process without a compiler may load instead of a module for `isa`: for native,
+    the ISA levels this CPU runs, best first, then portable."""
+    if isa != "native":
+        return ()
+    return tuple(level for level in LEVELS if runs_here(level)) + ("portable",)

@@ -38,6 +38,60 @@ def cache_root() -> Path:
     return base / "opkit"
 
 
+# Read-only folders of modules built ahead of time, searched after the user's cache: the one an
+# installed opkit carries (opkit/prebuilt) and those of installed operator packages.
+_SHIPPED: List[Path] = []
+
+
+def add_shipped(folder: Path) -> None:
+    """Search `folder` (an operator package's prebuilt modules) for cache entries too."""
+    folder = Path(folder)
+    if folder not in _SHIPPED:
+        _SHIPPED.append(folder)
+        _recorded_width.cache_clear()
+
+
+# What a shipped module may differ in from this process's toolchain: Cython's version (it wrote
+# the C, nothing runs it later), NumPy's (checked by `numpy_compatible`), Python's micro version
+# (the ABI is ext_suffix's)
+LOOSE = ("cython", "numpy", "python")
+
+
+def loose(material) -> Optional[dict]:
+    return {k: v for k, v in material.items() if k not in LOOSE} if isinstance(material, dict) else None
+
+
+def numpy_compatible(built: str, running: str) -> bool:
+    """A module compiled against NumPy `built` runs on NumPy `running`: the same major
+    version, not older (NumPy's C API is backward compatible within a major version)."""
+    def parts(v: str) -> Tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", v)[:3])
+    b, r = parts(str(built)), parts(str(running))
+    return bool(b) and bool(r) and b[0] == r[0] and b <= r
+
+
+def shipped_roots() -> List[Path]:
+    """The shipped folders, in search order; none with OPKIT_PREBUILT=0 (every module is then
+    compiled into the user's cache, as without them)."""
+    if os.environ.get("OPKIT_PREBUILT", "").strip() == "0":
+        return []
+    from .._paths import prebuilt_dir
+    own = prebuilt_dir()
+    return [p for p in ([own] if own else []) + _SHIPPED if p.is_dir()]
+
+
+def shipped_entries(name: str) -> List[Tuple[Path, dict]]:
+    """The entries of operator `name` in the shipped folders, in search order."""
+    found = []
+    for root in shipped_roots():
+        with contextlib.suppress(OSError):
+            for p in sorted(root.glob(f"{name}-*")):
+                meta = read_meta(p) if _ENTRY.match(p.name) else None
+                if meta:
+                    found.append((p, meta))
+    return found
+
+
 def cache_key(material: dict) -> str:
     blob = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -74,19 +128,24 @@ def entries(name: str) -> List[Tuple[Path, dict]]:
 def recorded_vector_bytes(material: dict) -> Optional[int]:
     """The vector width that the newest module built with this compiler-free toolchain material
     was annotated with (its compiler chose it), or None."""
-    return _recorded_width(str(cache_root()), json.dumps(material, sort_keys=True))
+    roots = [cache_root()] + shipped_roots()
+    return _recorded_width(tuple(map(str, roots)), json.dumps(material, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=None)
-def _recorded_width(root: str, material: str) -> Optional[int]:
-    want = json.loads(material)
+def _recorded_width(roots: Tuple[str, ...], material: str) -> Optional[int]:
+    want = loose(json.loads(material))
     best: Tuple[str, Optional[int]] = ("", None)
-    with contextlib.suppress(OSError):
-        for p in Path(root).iterdir():
-            meta = read_meta(p) if _ENTRY.match(p.name) else None
-            content = (meta or {}).get("content") or {}
-            if content.get("toolchain") == want and isinstance(content.get("vector_bytes"), int):
-                best = max(best, (str(meta.get("built", "")), content["vector_bytes"]))
+    for root in roots:
+        with contextlib.suppress(OSError):
+            for p in Path(root).iterdir():
+                meta = read_meta(p) if _ENTRY.match(p.name) else None
+                content = (meta or {}).get("content") or {}
+                if loose(content.get("toolchain")) == want and \
+                        isinstance(content.get("vector_bytes"), int):
+                    best = max(best, (str(meta.get("built", "")), content["vector_bytes"]))
+        if best[1] is not None:
+            return best[1]  # the user's cache first, then the shipped folders in order
     return best[1]
 
 

@@ -19,12 +19,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .._paths import templates_dir
 from ..codegen import template_digest
 from ..errors import BuildError
 from . import cache, reaper
+from ..target import cpu_flags
 from .toolchain import Toolchain
 from .vecreport import parse_report, pyx_lines
 
@@ -79,6 +80,18 @@ def content_key(name: str, source: str, spec_canonical: dict, tc: Toolchain) -> 
     return cache.cache_key(_material(name, source, spec_canonical, tc.content_material()))
 
 
+# The BLAS line of a module with fused calls names SciPy's version; a shipped module runs with
+# any SciPy, since cython_blas's functions are looked up by name when the module is imported
+_BLAS_VERSION = re.compile(r"^(# BLAS: scipy) [^ (]+ \(", re.M)
+
+
+def ship_key(name: str, source: str, spec_canonical: dict, tc: Toolchain) -> str:
+    """The key a module built ahead of time is found by (see Toolchain.ship_material): the
+    source without SciPy's version."""
+    source = _BLAS_VERSION.sub(r"\1 (", source)
+    return cache.cache_key(_material(name, source, spec_canonical, tc.ship_material()))
+
+
 def _result(name: str, entry: Path, meta: dict) -> BuildResult:
     return BuildResult(name, meta["key"], entry, meta["module"], True, 0.0, meta)
 
@@ -94,12 +107,13 @@ def build(name: str, source: str, spec_canonical: dict, tc: Toolchain, force: bo
           env_timeout: float = 900.0) -> BuildResult:
     """Compile `source` (the module of operator `name`) unless the cache already has it."""
     ckey = content_key(name, source, spec_canonical, tc)
+    skey = ship_key(name, source, spec_canonical, tc)
     if not tc.available:
-        return _without_compiler(name, ckey, tc, force)
+        return _without_compiler(name, ckey, skey, tc, force)
     key = key_for(name, source, spec_canonical, tc)
     entry = cache.entry_dir(name, key)
     if not force:
-        hit = _hit(name, entry)
+        hit = _hit(name, entry) or _shipped(name, skey, tc)
         if hit:
             return hit
     try:
@@ -108,13 +122,31 @@ def build(name: str, source: str, spec_canonical: dict, tc: Toolchain, force: bo
                 hit = _hit(name, entry)  # another process finished it while we waited
                 if hit:
                     return hit
-            return _compile(name, key, ckey, entry, source, tc, env_timeout)
+            return _compile(name, (key, ckey, skey), entry, source, tc, env_timeout)
     except OSError as exc:  # commands report their own errors: this is the cache folder
         raise cache.unwritable(exc) from None
 
 
-def _without_compiler(name: str, ckey: str, tc: Toolchain, force: bool) -> BuildResult:
-    """The newest sound module built for the same content by any compiler, else why not."""
+def _shipped(name: str, skey: str, tc: Toolchain) -> Optional[BuildResult]:
+    """A sound module built ahead of time for this content that this process can load: the
+    same ship key, NumPy compatible, and a native module only on a CPU with every flag of the
+    CPU it was built on."""
+    from ..target import runs_here
+    for entry, meta in cache.shipped_entries(name):
+        content = meta.get("content") or {}
+        built = content.get("toolchain") or {}
+        if content.get("ship") != skey or \
+                not cache.numpy_compatible(built.get("numpy", ""), tc.numpy_version) or \
+                not runs_here(tc.target.isa, tuple(meta.get("cpu_flags", ("?",)))):
+            continue
+        if not cache.verify(entry, meta):
+            return _result(name, entry, meta)
+    return None
+
+
+def _without_compiler(name: str, ckey: str, skey: str, tc: Toolchain, force: bool) -> BuildResult:
+    """The newest sound module built for the same content by any compiler (in the cache, then
+    the shipped ones), else why not."""
     damaged = ""
     for entry, meta in ([] if force else cache.entries(name)):
         if (meta.get("content") or {}).get("key") != ckey:
@@ -123,6 +155,9 @@ def _without_compiler(name: str, ckey: str, tc: Toolchain, force: bool) -> Build
         if not problem:
             return _result(name, entry, meta)
         damaged = damaged or f"the cached module {entry / str(meta.get('so'))} is damaged ({problem}); "
+    shipped = None if force else _shipped(name, skey, tc)
+    if shipped is not None:
+        return shipped
     # the reason alone (no operator name): `opkit build` then reports many operators in one line
     raise BuildError(damaged + tc.missing + ("; then run `opkit build` (or call the operator "
                                              "again) to rebuild it" if damaged else ""))
@@ -137,8 +172,11 @@ def _run(cmd: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProce
         raise BuildError(f"cannot run {cmd[0]}: {exc}") from None
 
 
-def _compile(name: str, key: str, ckey: str, entry: Path, source: str, tc: Toolchain,
+def _compile(name: str, keys: Tuple[str, str, str], entry: Path, source: str, tc: Toolchain,
              timeout: float) -> BuildResult:
+    """Compile into a work folder and publish it as `entry`; `keys`: the cache key, the
+    content key and the ship key."""
+    key, ckey, skey = keys
     t0 = time.perf_counter()
     module = f"opkit_{name}_{key[:12]}"
     work = cache.new_workdir(name, key)
@@ -172,8 +210,12 @@ def _compile(name: str, key: str, ckey: str, entry: Path, source: str, tc: Toolc
             # the compiler-free identity, and the vector width this compiler chose (it annotates
             # the source): what a process without a compiler needs to find this module
             "content": {"key": ckey, "toolchain": tc.content_material(),
-                        "vector_bytes": tc.target.vector_bytes},
+                        "vector_bytes": tc.target.vector_bytes,
+                        "ship": skey},
             "files": {f.name: cache.file_record(f) for f in (so, pyx)},
+            # a -march=native module may use any instruction of this CPU: where it is shipped,
+            # it is loaded only on a CPU with every one of these flags
+            "cpu_flags": list(cpu_flags()) if tc.target.isa == "native" else [],
             "vectorization": parse_report(report, pyx.name, c_file, source),
         }
         c_file.unlink()  # 10k lines of Cython boilerplate; the .pyx is the readable source

@@ -51,6 +51,12 @@ class Toolchain:
             "features": list(self.target.features),
         }
 
+    def ship_material(self) -> Dict[str, object]:
+        """What a module built ahead of time (in a wheel) must share with this process: the
+        content material less Cython's and NumPy's versions and Python's micro version."""
+        from .cache import loose
+        return loose(self.content_material())
+
     def key_material(self) -> Dict[str, object]:
         """Everything besides the source that changes the compiled module."""
         return dict(self.content_material(), cc=list(self.cc), cc_version=self.version)
@@ -127,8 +133,10 @@ def _flags(target: Target, family: str) -> Tuple[str, ...]:
         flags.append("-fopenmp")
     if target.isa == "native":
         flags.append("-march=native")
-    else:
+    elif target.isa == "portable":
         flags.append("-DOPKIT_NO_F16C")
+    else:  # an x86-64 level (x86-64-v3): exactly its features, whatever this CPU has
+        flags.append(f"-march={target.isa}")
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]
     extra = os.environ.get("OPKIT_CFLAGS")

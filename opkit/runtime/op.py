@@ -8,6 +8,8 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..builder import BuildResult, build, toolchain
+from ..errors import BuildError
+from ..target import fallback_isas
 from ..config import get as setting
 from ..config import call_state
 from ..spec.model import INT_DTYPES
@@ -110,6 +112,12 @@ class Op:
     def _bwd(self) -> Optional[Executor]:
         return self._run_plans()[1]
 
+    def to_onnx(self, path=None, inputs=None, attrs=None, **options):
+        """Export to ONNX (opkit.onnx.export: example inputs or shapes, attrs, layout, dtype,
+        opset, backward); writes `path` when given and returns the ModelProto."""
+        from ..onnx import export
+        return export(self, path, inputs, attrs, **options)
+
     def source(self, isa: str = "") -> str:
         """The generated Cython module for `isa` (default: the isa setting): every variant's
         kernels in one module."""
@@ -135,12 +143,29 @@ class Op:
         for note in self.fusion_notes():
             warnings.warn(note, FusionWarning, stacklevel=2)
         with self._lock:
-            result = build(self.name, self.source(tc.target.isa), self.spec.canonical(), tc, force=force)
+            try:
+                result = build(self.name, self.source(tc.target.isa), self.spec.canonical(), tc,
+                               force=force)
+            except BuildError:
+                # no compiler and no module for this CPU's features: the best shipped one it runs
+                result = None if force or tc.available else self._shipped_fallback(tc)
+                if result is None:
+                    raise
             self._builds[tc.target.isa] = result
             if force:
                 self._modules.pop(tc.target.isa, None)
                 self._fast.pop(tc.target.isa, None)
             return result
+
+    def _shipped_fallback(self, tc) -> Optional[BuildResult]:
+        """For the native ISA without a compiler: a shipped module of the best ISA level this
+        CPU runs (x86-64-v3, then portable), if a wheel carries one."""
+        for isa in fallback_isas(tc.target.isa):
+            try:
+                return build(self.name, self.source(isa), self.spec.canonical(), toolchain(isa))
+            except BuildError:
+                continue
+        return None
 
     def module(self, isa: str = ""):
         """The loaded kernel module for `isa` (default: the isa setting), built on first use."""

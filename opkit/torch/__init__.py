@@ -17,6 +17,7 @@ except ImportError as _exc:
 
 from ..registry import REGISTRY as _REGISTRY
 from . import library as _library
+from ..onnx import torch_export as _torch_export
 
 
 def op(name: str):
@@ -32,6 +33,8 @@ def op(name: str):
 
 
 _REGISTRY.subscribe(_library.register)
+# torch.onnx.export(..., dynamo=False) inlines each call's ONNX lowering (docs/deploy.md)
+_REGISTRY.subscribe(_torch_export.register)
 
 from . import nn  # noqa: E402
 from .calibrate import AlphaCalibration  # noqa: E402

@@ -1,0 +1,168 @@
+"""Modules built ahead of time: compile operators for a list of ISAs into a private cache and
+copy the entries into a folder a wheel ships (read-only; the runtime searches it after the
+user's cache, see opkit/builder/compile.py `_shipped`).
+
+The ISA policy: a wheel for distribution carries `portable` modules (the architecture's
+baseline: they run on every CPU of it) and, on x86-64, `x86-64-v3` ones (AVX2, FMA, F16C), and
+the runtime loads the best of them that the CPU runs. A local install (`pip install .`)
+builds for `native`, what `opkit build` and calls use on the machine that installs it; a
+shipped native module is loaded only on a CPU with every flag of the CPU it was built on.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import platform
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Iterable, List, Sequence, Tuple
+
+from ..backend import blas
+from ..errors import FusionWarning
+
+# what an entry folder of a wheel keeps: the module, its source and its record
+_KEEP = ("meta.json",)
+
+
+def distribution_isas() -> Tuple[str, ...]:
+    """The ISAs a wheel for distribution is built for on this machine's architecture."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ("portable", "x86-64-v3")
+    return ("portable",)
+
+
+def parse_isas(text: str) -> Tuple[str, ...]:
+    """`native`, `dist` (distribution_isas()), `none`, or a comma-separated list of ISAs."""
+    from ..config import ISAS
+    text = (text or "").strip().lower()
+    if text in ("", "1", "native"):
+        return ("native",)
+    if text in ("0", "none"):
+        return ()
+    if text == "dist":
+        return distribution_isas()
+    isas = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [i for i in isas if i not in ISAS]
+    if bad:
+        raise ValueError(f"unknown ISA {bad[0]!r}: use native, dist, none or a list of "
+                         f"{', '.join(ISAS)}")
+    return isas
+
+
+@contextlib.contextmanager
+def _private_cache():
+    old = os.environ.get("OPKIT_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="opkit-aot-") as tmp:
+        os.environ["OPKIT_CACHE_DIR"] = tmp
+        try:
+            yield Path(tmp)
+        finally:
+            if old is None:
+                os.environ.pop("OPKIT_CACHE_DIR", None)
+            else:
+                os.environ["OPKIT_CACHE_DIR"] = old
+
+
+def build_ahead(ops: Sequence, out: Path, isas: Iterable[str], jobs: int = 0,
+                report=print) -> List[str]:
+    """Compile every operator for every ISA (in a private cache, so nothing is taken from
+    elsewhere) and copy the entries into `out`; returns the entry names. An operator with fused
+    calls is built twice where SciPy is here: with its BLAS and without (what a process without
+    SciPy renders), so the shipped modules serve both."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    isas = tuple(isas)
+    names: List[str] = []
+    with _private_cache():
+        names += _build_into(out, [(op, isa) for isa in isas for op in ops], jobs, report)
+        if blas() is not None:
+            work = [(op, isa) for isa in isas for op in ops if _blas_in_source(op, isa)]
+            with _without_blas(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FusionWarning)  # unfused on purpose
+                names += _build_into(out, work, jobs, report, " without BLAS")
+    return names
+
+
+def _blas_in_source(op, isa: str) -> bool:
+    """Whether the module of `op` differs without BLAS (it has fused calls)."""
+    source = op.source(isa)
+    with _without_blas():
+        return op.source(isa) != source
+
+
+@contextlib.contextmanager
+def _without_blas():
+    old = os.environ.get("OPKIT_BLAS")
+    os.environ["OPKIT_BLAS"] = "none"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OPKIT_BLAS", None)
+        else:
+            os.environ["OPKIT_BLAS"] = old
+
+
+def _build_into(out: Path, work, jobs: int, report, label: str = "") -> List[str]:
+    def one(item):
+        op, isa = item
+        result = op.build(force=True, isa=isa)
+        report(f"  {op.name} [{isa}]{label}: compiled in {result.seconds:.1f}s")
+        return result
+    names = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        for result in pool.map(one, work):
+            target = out / result.entry.name
+            if target.exists():
+                shutil.rmtree(target)
+            target.mkdir()
+            for fname in list(result.meta["files"]) + list(_KEEP):
+                shutil.copy2(result.entry / fname, target / fname)
+            names.append(target.name)
+    return names
+
+
+def select(ops: Sequence, only: str) -> List:
+    """The operators named in `only` (comma-separated; empty: all), each checked."""
+    wanted = [n.strip() for n in (only or "").split(",") if n.strip()]
+    if not wanted:
+        return list(ops)
+    known = {op.name: op for op in ops}
+    bad = [n for n in wanted if n not in known]
+    if bad:
+        raise ValueError(f"OPKIT_AOT_OPS names {bad[0]!r}, which is not a bundled operator; "
+                         f"choose from {', '.join(sorted(known))}")
+    return [known[n] for n in wanted]
+
+
+def main(argv=None) -> int:
+    """`python -m opkit.packaging.aot --out DIR [--isa ISAS]`: the bundled operators' modules,
+    built ahead of time (setup.py's build step runs this on the freshly built package)."""
+    import argparse
+    import sys
+    import time
+    parser = argparse.ArgumentParser(prog="python -m opkit.packaging.aot")
+    parser.add_argument("--out", required=True, help="the folder to copy the entries into")
+    parser.add_argument("--isa", default="native", help="native (default), dist, none or a list")
+    parser.add_argument("--ops", default="", help="only these operators (comma-separated)")
+    parser.add_argument("-j", "--jobs", type=int, default=0)
+    args = parser.parse_args(argv)
+    import opkit
+    from ..registry import REGISTRY
+    ops = select([opkit.get(n) for n in opkit.list_ops() if REGISTRY.origin(n) == "opkit"],
+                 args.ops)
+    isas = parse_isas(args.isa)
+    t0 = time.perf_counter()
+    print(f"opkit: building the kernels of {len(ops)} bundled operators ahead of time for "
+          f"{', '.join(isas)} (OPKIT_AOT=0 skips this; OPKIT_AOT_OPS picks some)", file=sys.stderr)
+    names = build_ahead(ops, Path(args.out), isas, args.jobs,
+                        report=lambda line: print(line, file=sys.stderr))
+    print(f"opkit: {len(names)} module(s) in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
