@@ -2,6 +2,7 @@
 trains a small model for a few steps from an empty kernel cache shared by both processes. The
 parameters agree across ranks and with one process training on both ranks' data, and each
 kernel module was compiled once, by one rank, while the other waited at the cache's lock."""
+import importlib.util
 import json
 import os
 import shutil
@@ -103,8 +104,11 @@ def test_ddp_on_two_processes_shares_one_kernel_cache(tmp_path):
     # DDP averages the ranks' gradients: one process training on both ranks' batches at once
     # (the same mean loss) reaches the same parameters
     sys.path.insert(0, str(tmp_path))
+    # by its path, under a name of its own: another test may have imported a module `train`
+    spec = importlib.util.spec_from_file_location("opkit_ddp_train", tmp_path / "train.py")
+    train = importlib.util.module_from_spec(spec)
     try:
-        import train
+        spec.loader.exec_module(train)
         net = train.model()
         start = train.flat(net)
         data = [(torch.cat([x0, x1]), torch.cat([t0, t1]))
@@ -112,7 +116,6 @@ def test_ddp_on_two_processes_shares_one_kernel_cache(tmp_path):
         train.train(net, data)
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop("train", None)
     got = torch.tensor(ranks[0]["params"])
     assert not torch.allclose(got, start)
     torch.testing.assert_close(got, train.flat(net), rtol=1e-5, atol=1e-6)
