@@ -400,8 +400,9 @@ def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dtype=No
     dtype = np.result_type(x, w) if dtype is None else dtype
     out = np.empty((n, o, oh, ow), dtype=dtype)
     wmat = w.reshape(o, -1).astype(dtype, copy=False)
-    for i in range(n):
-        out[i] = (wmat @ _im2col(x[i], kh, kw, stride, padding, oh, ow, dtype)).reshape(o, oh, ow)
+    with np.errstate(invalid="ignore", over="ignore"):  # a NaN or inf input spreads, as it should
+        for i in range(n):
+            out[i] = (wmat @ _im2col(x[i], kh, kw, stride, padding, oh, ow, dtype)).reshape(o, oh, ow)
     return out
 
 

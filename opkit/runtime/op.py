@@ -61,6 +61,7 @@ class Op:
         # the arrays a call writes, named once: calls key their arrays by these
         self._outputs = {o.name: Value.output(o.name) for o in spec.outputs}
         self._grads = {i.name: Value.output("d" + i.name) for i in spec.inputs}
+        self._fusion_warned = False
         self._inplace = {(self._outputs[o], i) for o, i in spec.schedule.inplace}
 
     def __repr__(self) -> str:
@@ -140,8 +141,10 @@ class Op:
         """Compile the kernels into the cache (a cache hit does no work). Each unfused epilogue
         of the forward pass is reported as an opkit.FusionWarning."""
         tc = toolchain(isa)
-        for note in self.fusion_notes():
-            warnings.warn(note, FusionWarning, stacklevel=2)
+        if not getattr(self, "_fusion_warned", False):  # once per operator, not every build
+            self._fusion_warned = True
+            for note in self.fusion_notes():
+                warnings.warn(note, FusionWarning, stacklevel=2)
         with self._lock:
             try:
                 result = build(self.name, self.source(tc.target.isa), self.spec.canonical(), tc,
