@@ -136,7 +136,7 @@ def cmd_build(args) -> int:
 
     def one(op):
         start = time.perf_counter()
-        progress.stage(op.name, "generating + compiling")
+        progress.stage(op.name, "building (a cache hit, a shipped module or a compile)")
         result = op.build(force=args.force)
         op.module()
         validation = None
