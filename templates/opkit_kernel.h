@@ -161,24 +161,8 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
 /* d[0 .. OPK_HBLOCK) = s[0 .. w) as floats, then zeros */
 static inline void opk_h2f_block(float *d, const uint16_t *s, Py_ssize_t w)
 {
-    Py_ssize_t i = 0;
-#if OPK_F16_HW
-    for (; i + 8 <= w; i += 8)
-        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
-#endif
-    for (; i < w; i++) d[i] = opk_h2f(s[i]);
-    for (; i < OPK_HBLOCK; i++) d[i] = 0.0f;
-}
-
-/* d[0 .. w) = s[0 .. w) rounded to float16 */
-static inline void opk_f2h_block(uint16_t *d, const float *s, Py_ssize_t w)
-{
-    Py_ssize_t i = 0;
-#if OPK_F16_HW
-    for (; i + 8 <= w; i += 8)
-        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < w; i++) d[i] = opk_f2h(s[i]);
+    opk_h2f_contig(d, s, w);
+    for (Py_ssize_t i = w; i < OPK_HBLOCK; i++) d[i] = 0.0f;
 }
 
 /* ---------------------------------------------------------------- bfloat16 */

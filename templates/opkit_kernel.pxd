@@ -33,7 +33,7 @@ cdef extern from "opkit_kernel.h" nogil:
         opk_tile_fn htile_f
         uint64_t discard
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
-    void opk_f2h_block(uint16_t* d, const float* s, Py_ssize_t w)
+    void opk_f2h_contig(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
     enum: OPK_MAXOPS
     int32_t opk_qmul_i(int32_t x, int32_t m, int bits)

@@ -27,6 +27,15 @@ from .execute import Executor
 from .scalars import check_scalars
 
 
+def _disjoint(labelled, where: str) -> None:
+    """out= arrays that share memory: a ValueError naming the two."""
+    for i, (a, x) in enumerate(labelled):
+        for b, y in labelled[i + 1:]:
+            if np.may_share_memory(x, y):
+                raise ValueError(f"{where}: {a} and {b} overlap in memory; give each result "
+                                 "an array of its own")
+
+
 def check_clip(clip, where: str) -> Optional[float]:
     if clip is None:
         return None
@@ -197,6 +206,7 @@ class Op:
         if len(outs) != len(outputs):
             raise ValueError(f"{where}: out must hold {len(outputs)} array(s), got {len(outs)}")
         result = {}
+        labels = []
         for o, arr in zip(outputs, outs):
             label = "out" if len(outputs) == 1 else f"out[{o.name}]"
             if not isinstance(arr, np.ndarray):
@@ -210,11 +220,8 @@ class Op:
             if not arr.flags.writeable:
                 raise ValueError(f"{where}: {label} is read-only")
             result[self._outputs[o.name]] = arr
-        arrs = list(result.values())
-        for i in range(len(arrs)):
-            for j in range(i + 1, len(arrs)):
-                if np.may_share_memory(arrs[i], arrs[j]):
-                    raise ValueError(f"{where}: the out arrays overlap in memory")
+            labels.append((label, arr))
+        _disjoint(labels, where)
         return result
 
     def _resolve_overlap(self, bound: Bound, outs: Dict[str, np.ndarray]) -> None:
@@ -372,6 +379,7 @@ class Op:
                             f"{type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
         takes = self.graphs_of(variant).differentiable
         result = {}
+        labels = []
         for name, arr in zip(names, out):
             if arr is None:
                 continue
@@ -391,11 +399,8 @@ class Op:
             if not arr.flags.writeable:
                 raise ValueError(f"{where}: {label} is read-only")
             result[self._grads[name]] = arr
-        arrs = list(result.values())
-        for i in range(len(arrs)):
-            for j in range(i + 1, len(arrs)):
-                if np.may_share_memory(arrs[i], arrs[j]):
-                    raise ValueError(f"{where}: the out arrays overlap in memory")
+            labels.append((label, arr))
+        _disjoint(labels, where)
         return result
 
     def _grad_targets(self, bound: Bound, variant: Variant):
