@@ -392,6 +392,65 @@ def test_direct_and_checked_calls_agree_on_arrays(fuzz_ops, data):
     _check_agreement(op, arrays, kwargs, out_kind)
 
 
+def _same_grads(a, b):
+    if isinstance(a, tuple) and a and isinstance(a[0], type):  # an error: the same one
+        return a == b
+    return (type(a) is tuple and type(b) is tuple and len(a) == len(b)
+            and all((x is None and y is None) or (x is not None and y is not None and _same(x, y))
+                    for x, y in zip(a, b)))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_direct_and_checked_backward_calls_agree(fuzz_ops, data):
+    """backward(dy, ...): the direct call (plain same-shape arrays) against the checked call
+    (naming the layout), bit for bit: attrs of every kind, arrays of every dtype and stride
+    pattern, dy broadcast or of another dtype, gradient clipping, errors by type and message."""
+    op = data.draw(st.sampled_from([o for o in fuzz_ops if any(i.differentiable for i in o.spec.inputs)]))
+    shape = data.draw(st.sampled_from(_SHAPES))
+    dtype = data.draw(st.sampled_from(_DTYPES[:3] * 4 + _DTYPES[3:]))
+    plain = data.draw(st.booleans())
+    layouts = ["contiguous"] if plain else ["contiguous", "swapped", "transposed", "strided", "unaligned"]
+    arrays = [_array(data, shape, dtype, data.draw(st.sampled_from(layouts))) for _ in op.spec.inputs]
+    dy_shape = shape if plain else data.draw(st.sampled_from([shape, shape[1:]]))
+    dy_dtype = dtype if plain else data.draw(st.sampled_from(_DTYPES[:3]))
+    dy = _array(data, dy_shape, dy_dtype, data.draw(st.sampled_from(layouts)))
+    kwargs = {}
+    for a in op.spec.attrs:
+        value, give = _attr_value(data, a)
+        if give:
+            kwargs[a.name] = value
+    if data.draw(st.integers(0, 4)) == 0:
+        kwargs["clip"] = data.draw(st.sampled_from([0.5, 2.0, np.inf]))
+    direct = _outcome(lambda: op.backward(dy, *arrays, **kwargs))
+    checked = _outcome(lambda: op.backward(dy, *arrays, layout=op.spec.layouts[0], **kwargs))
+    assert _same_grads(direct, checked), (direct, checked)
+
+
+def test_direct_backward_call_takes_plain_calls_only(lr, monkeypatch):
+    """The common backward call skips the checked path; gradients agree with NumPy's
+    formula, NaN stays NaN, and clip= (which the direct call leaves to the checked path)
+    clamps infinities."""
+    x = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 1.0, -1.0, 5.0, -5.0], np.float32)
+    dy = np.array([1.0, -np.inf, np.inf, 2.0, -3.0, np.nan, 4.0, -6.0, 7.0], np.float32)
+    lr.backward(dy, x)  # built and loaded first
+    slow_calls = []
+    original = type(lr)._prepare
+
+    def spy(self, *a, **k):
+        slow_calls.append(a)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(type(lr), "_prepare", spy)
+    (dx,) = lr.backward(dy, x, alpha=0.3)
+    assert slow_calls == []
+    want = np.where(x > 0, dy, np.float32(0.3) * dy)
+    np.testing.assert_array_equal(dx, want)
+    (clipped,) = lr.backward(dy, x, alpha=0.3, clip=2.0)
+    assert len(slow_calls) == 1
+    np.testing.assert_array_equal(clipped, np.clip(want, -2.0, 2.0))  # NaN stays NaN
+
+
 # ------------------------------------------------------------------ memory
 
 

@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -188,9 +188,9 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             lines += [line + where for line in _statements(ins, args, ct.libm, str(ins.dst))]
     for i, res in enumerate(kernel.results):
         r = _operand(res, ct)
-        if clip:  # gradient clipping on store: clamp to [lo, hi], NaN stays NaN (two selects each)
-            lines += [f"c{i} = ({r} if {r} >= lo{i} else lo{i})", f"c{i} = ({r} if {r} != {r} else c{i})",
-                      f"d{i} = (c{i} if c{i} <= hi{i} else hi{i})", f"q{i}[j] = (c{i} if c{i} != c{i} else d{i})"]
+        if clip:  # gradient clipping on store: clamp to [lo, hi]; NaN compares false and stays
+            # NaN (each select is one max/min instruction, as x86's maxps/minps order them)
+            lines += [f"c{i} = (lo{i} if lo{i} > {r} else {r})", f"q{i}[j] = (hi{i} if c{i} > hi{i} else c{i})"]
         else:
             lines.append(f"q{i}[j] = {r}")
     return lines
@@ -331,7 +331,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
     floats += [f"{i.dst}_t" for i in kernel.body
                if i.op in PRIMITIVES and "{t}" in PRIMITIVES[i.op].cython]
     if clip:
-        floats += [f"{v}{i}" for i in range(len(kernel.outputs)) for v in ("c", "d")]
+        floats += [f"c{i}" for i in range(len(kernel.outputs))]
     rows = _row_variants(kernel, spec, instances, file_name, clip, quant)
     return {
         "name": kernel.name,
@@ -377,22 +377,35 @@ def _attr_checks(a) -> List[str]:
     return checks
 
 
-def fast_context(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Optional[Dict]:
-    """What the direct call needs, or None when the forward pass is not one plain kernel over
-    layout-agnostic inputs (those calls always take the checked path)."""
-    steps = lowered.forward.steps
-    if len(steps) != 1 or not isinstance(steps[0], Kernel) or steps[0].sums:
+def _direct_kernel(plan) -> Optional[Tuple[Kernel, List[str]]]:
+    """(the pass's one kernel, the names of the results it writes), when that kernel is all the
+    pass does on same-shape arrays: it reads the pass's inputs and writes its outputs. A sum_to
+    folded into it (a gradient reduced to its input's shape) is the identity there."""
+    steps = plan.steps if plan is not None else ()
+    if len(steps) != 1 or not isinstance(steps[0], Kernel):
         return None
     k = steps[0]
-    if not all(v.kind is Kind.INPUT for v in k.inputs) or not all(v.kind is Kind.OUTPUT for v in k.outputs):
+    if not all(v.kind is Kind.INPUT for v in k.inputs):
         return None
-    if any(a.startswith("finfo.") for a in k.attrs) or any(i.optional for i in spec.inputs) \
-            or any(a.type == "str" for a in spec.attrs):
+    if any(a.startswith("finfo.") for a in k.attrs):
         return None  # the dtype limits come with the call's dtype: the checked path passes them
-    if spec.layouts[0] != "ND" or any(i.shape or (i.layouts_declared and "ND" not in i.layouts)
-                                       for i in spec.inputs):
-        return None
-    ins, outs = list(spec.input_names), list(spec.output_names)
+    reduced = {}
+    for s in k.sums:
+        if s.prim != "sum_to" or len(s.args) != 1 or s.result.kind is not Kind.OUTPUT:
+            return None
+        reduced[s.args[0]] = s.result.name
+    names = []
+    for v in k.outputs:
+        if v.kind is Kind.OUTPUT:
+            names.append(v.name)
+        elif v in reduced:
+            names.append(reduced.pop(v))
+        else:
+            return None
+    return (k, names) if not reduced else None
+
+
+def _direct_attrs(spec: OpSpec) -> List[Dict]:
     attrs = []
     for a in spec.attrs:
         default = None if a.required else ("True" if a.default is True else "False" if a.default is False
@@ -401,19 +414,51 @@ def fast_context(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Opt
                       "nullable": a.nullable,
                       "null_means": _number(a.null_means) if a.nullable else None,
                       "checks": _attr_checks(a) if a.type != "bool" else []})
-    inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
-    return {
-        "kernel": next(c for c in kernels if c["name"] == k.name),
-        "n_inputs": len(ins), "n_outputs": len(outs), "attrs": attrs,
-        "kernel_inputs": [ins.index(v.name) for v in k.inputs],
-        "kernel_outputs": [outs.index(v.name) for v in k.outputs],
-        "kernel_attrs": list(k.attrs),
+    return attrs
+
+
+def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> List[Dict]:
+    """What the direct calls need: `fast_forward` when the forward pass is one plain kernel over
+    layout-agnostic inputs, `fast_backward` when the backward pass is too (and gives every
+    differentiable input its gradient). Other calls always take the checked path."""
+    if any(i.optional for i in spec.inputs) or any(a.type == "str" for a in spec.attrs):
+        return []
+    if spec.layouts[0] != "ND" or any(i.shape or (i.layouts_declared and "ND" not in i.layouts)
+                                       for i in spec.inputs):
+        return []
+    ins, outs = list(spec.input_names), list(spec.output_names)
+    common = {
+        "attrs": _direct_attrs(spec),
         # NumPy's type number -> dtype code (NumPy's C ABI: its version is in the cache key)
         # (bfloat16's type number is given out when ml_dtypes loads: those calls take the
         # checked path)
         "codes": [(np.dtype(dt).num, DTYPE_CODES[dt]) for dt in spec.dtypes if dt != "bfloat16"],
-        "inplace": repr(inplace),
     }
+    directs = []
+    found = _direct_kernel(lowered.forward)
+    if found is not None:
+        k, written = found
+        inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
+        directs.append(dict(
+            common, fn="fast_forward", kernel=next(c for c in kernels if c["name"] == k.name),
+            n_inputs=len(ins), n_outputs=len(outs), takes_out=True, inplace=repr(inplace),
+            kernel_inputs=[ins.index(v.name) for v in k.inputs],
+            kernel_outputs=[outs.index(v) for v in written], kernel_attrs=list(k.attrs),
+            returns="outputs[0]" if len(outs) == 1 else "outputs"))
+    found = _direct_kernel(lowered.backward)
+    grads = [f"d{i.name}" for i in spec.inputs if i.differentiable]
+    if found is not None and len(outs) == 1 and sorted(found[1]) == sorted(grads):
+        k, written = found
+        # backward(dy, *inputs): one gradient per input, None where it takes none
+        args = [f"d{outs[0]}"] + ins
+        per_input = [f"outputs[{grads.index('d' + i)}]" if "d" + i in grads else "None" for i in ins]
+        directs.append(dict(
+            common, fn="fast_backward", kernel=next(c for c in kernels if c["name"] == k.name),
+            n_inputs=len(args), n_outputs=len(grads), takes_out=False, inplace="()",
+            kernel_inputs=[args.index(v.name) for v in k.inputs],
+            kernel_outputs=[grads.index(v) for v in written], kernel_attrs=list(k.attrs),
+            returns="(" + ", ".join(per_input) + ",)"))
+    return directs
 
 
 # ------------------------------------------------------------------------------ the module
@@ -456,13 +501,13 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
                 kernels.append(kernel_context(k, role, spec, low.schedule, file_name, target,
                                               clip=plan.kind == "backward"))
     op = {"name": spec.name, "file_name": file_name, "dtypes": spec.dtypes, "passes": passes}
-    fast = fast_context(spec, lowered, kernels) if not others else None
+    directs = fast_contexts(spec, lowered, kernels) if not others else []
     lib = blas()
     fused = [f for low in [lowered, *(o[2] for o in others)]
              for f in fused_contexts(low, kernels)] if lib is not None else []
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
-        fast=fast, codes={CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()},
+        directs=directs, codes={CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()},
         max_operands=MAX_OPERANDS, max_sums=MAX_SUMS, sum_chunk=SUM_CHUNK, fused=fused,
         blas=_printable(lib.describe()) if lib is not None else "")
 

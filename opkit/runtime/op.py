@@ -62,6 +62,7 @@ class Op:
         self._lock = threading.RLock()
         self._modules: Dict[str, object] = {}
         self._fast: Dict[str, object] = {}  # isa -> the module's direct call, if it has one
+        self._fast_bwd: Dict[str, object] = {}  # isa -> its direct backward call, if it has one
         self._shapes: Dict[tuple, object] = {}  # what calls with the same shapes decided
         self._builds: Dict[str, BuildResult] = {}
         self._graphs: Dict[int, OpGraphs] = {0: graphs}         # by variant index
@@ -167,6 +168,7 @@ class Op:
             if force:
                 self._modules.pop(tc.target.isa, None)
                 self._fast.pop(tc.target.isa, None)
+                self._fast_bwd.pop(tc.target.isa, None)
             return result
 
     def _shipped_fallback(self, tc) -> Optional[BuildResult]:
@@ -190,6 +192,7 @@ class Op:
                     mod = self.build(isa=key).load()
                     self._modules[key] = mod
                     self._fast[key] = getattr(mod, "fast_forward", None)
+                    self._fast_bwd[key] = getattr(mod, "fast_backward", None)
         return mod
 
     # ------------------------------------------------------------------ calls
@@ -325,6 +328,14 @@ class Op:
         `out`: a tuple with one entry per input, an array to write that input's gradient into
         (its shape and dtype) or None to have it allocated.
         `clip`: every gradient is clamped to [-clip, clip] in the same pass that computes it."""
+        if layout is None and precision_mode is None and clip is None and out is None \
+                and type(dy) is np.ndarray:
+            isa, nthreads, plain = call_state()
+            fast = self._fast_bwd.get(isa) if plain else None
+            if fast is not None:
+                result = fast((dy,) + args, kwargs, None, nthreads)
+                if result is not NotImplemented:
+                    return result
         where = f"{self.name}.backward()"
         if not any(i.differentiable for i in self.spec.inputs):
             raise TypeError(f"{where}: {self.name} has no differentiable inputs")
