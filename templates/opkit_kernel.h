@@ -281,7 +281,8 @@ static inline void opk_store_d(char *dst, Py_ssize_t stride, int code, const dou
 
 /* Outputs much larger than the caches are written with non-temporal stores: the lines go
  * straight to memory instead of being read first (read-for-ownership) and evicted later. */
-#define OPK_STREAM_MIN 65536  /* elements per row piece from which a kernel streams */
+#define OPK_STREAM_MIN (1 << 21)  /* elements per row piece from which a kernel streams: smaller
+                                     * outputs stay in the last-level cache for the next op */
 
 static inline void opk_stream_f(float *dst, const float *src, Py_ssize_t n)
 {

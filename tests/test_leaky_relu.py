@@ -181,6 +181,21 @@ def test_unaligned_arrays(op):
     same(out, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_long_runs_into_out_stream_exactly(op, dtype, threads):
+    """Runs of 2**21 elements or more written into out= go out with non-temporal stores (from
+    an unaligned start: the head up to a cache line is stored plainly)."""
+    n = (1 << 22) + 37
+    x = np.random.default_rng(7).standard_normal(n + 3).astype(dtype)[3:]  # not line-aligned
+    buf = np.full(n + 5, 9, dtype)
+    out = buf[5:]
+    with opkit.config(num_threads=threads):
+        assert op(x, alpha=0.3, out=out) is out
+    same(out, expected_forward(x, 0.3))
+    assert (buf[:5] == 9).all()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("n", [32767, 32768, 32769, 1 << 20 | 13])
 def test_thread_count_does_not_change_results(op, dtype, n):
