@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -175,12 +176,25 @@ def test_channels_last_is_passed_as_nhwc_and_comes_back_channels_last(calls):
     assert x.grad.data_ptr() == ptr(calls[-1][3][0])
 
 
-def test_layout_agnostic_operators_take_the_strided_view(calls):
-    x = torch.randn(2, 3, 4, 6).contiguous(memory_format=torch.channels_last)
-    y = torch.ops.opkit.leaky_relu(x)
+def test_layout_agnostic_operators_take_channels_last_memory_as_it_is(calls):
+    x = torch.randn(2, 3, 4, 6).contiguous(memory_format=torch.channels_last).requires_grad_()
+    y = torch.ops.opkit.leaky_relu(x, 0.3)
     (_, args, kwargs, result), = calls
-    assert kwargs["layout"] is None and args[0].shape == (2, 3, 4, 6) and ptr(args[0]) == x.data_ptr()
+    # the common call: the memory in its own order (N, H, W, C), no layout named, no copy
+    assert "layout" not in kwargs and args[0].shape == (2, 4, 6, 3) and args[0].flags.c_contiguous
+    assert ptr(args[0]) == x.data_ptr()
     assert y.stride() == x.stride() and y.data_ptr() == ptr(result)
+    torch.testing.assert_close(y, F.leaky_relu(x, 0.3), rtol=0, atol=0)
+    dy = torch.randn(2, 3, 4, 6).contiguous(memory_format=torch.channels_last)
+    y.backward(dy)
+    kind, args, kwargs, grads = calls[1]
+    assert kind == "backward" and "layout" not in kwargs and ptr(args[0]) == dy.data_ptr()
+    assert x.grad.stride() == x.stride() and x.grad.data_ptr() == ptr(grads[0])
+    torch.testing.assert_close(x.grad, torch.where(x > 0, dy, 0.3 * dy), rtol=0, atol=0)
+    # a channels_last tensor with a broadcast one in another order: still the right values
+    a = torch.rand(1, 1, 4, 6)
+    torch.testing.assert_close(torch.ops.opkit.spatial_leaky_relu(x.detach(), a),
+                               torch.where(x > 0, x, a * x).detach(), rtol=0, atol=0)
 
 
 def test_non_dense_inputs_give_pytorchs_memory_order():
@@ -422,3 +436,50 @@ def test_an_operator_pytorch_refuses_is_reported_and_opkit_goes_on(tmp_path, mon
     np.testing.assert_array_equal(opkit.ops.torch_refused(np.ones(2)), [2.0, 2.0])
     with pytest.raises(KeyError, match="torch_refused is not available in PyTorch: RuntimeError"):
         opkit.torch.op("torch_refused")
+
+
+# ----------------------------------------------------------------------------- the direct call
+
+def test_modules_skip_the_dispatcher_only_when_eager():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    act = opkit.torch.nn.LeakyReLU(0.3)
+    x = torch.randn(2, 3, 4, 5, requires_grad=True)
+    y = act(x)
+    assert type(y.grad_fn).__name__ == "_DirectBackward"
+    torch.testing.assert_close(y, F.leaky_relu(x, 0.3), rtol=0, atol=0)
+    dy = torch.randn_like(y)
+    (g,) = torch.autograd.grad(y, x, dy)
+    torch.testing.assert_close(g, torch.where(x > 0, dy, 0.3 * dy), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="has a first derivative only"):
+        (g,) = torch.autograd.grad(act(x), x, dy, create_graph=True)
+        g.sum().backward()
+    # traced, or seen by a dispatch mode: the registered operator is what runs
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(act))
+    assert torch.ops.opkit.leaky_relu.default in [n.target for n in gm.graph.nodes] or \
+        torch.ops.opkit.leaky_relu in [n.target for n in gm.graph.nodes]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace is deprecated
+        assert "opkit::leaky_relu" in str(torch.jit.trace(act, x.detach()).graph)
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+    with Seen() as seen:
+        act(x.detach())
+    assert any("opkit.leaky_relu" in n or "opkit::leaky_relu" in n for n in seen.names), seen.names
+
+
+def test_in_place_direct_call_only_where_autograd_does_not_record():
+    from opkit.torch.library import call_
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    expected = F.leaky_relu(x, 0.25)
+    assert call_("leaky_relu", x, alpha=0.25) is x
+    torch.testing.assert_close(x, expected, rtol=0, atol=0)
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="overwrites x, which the gradient needs"):
+        call_("leaky_relu", w * 2, alpha=0.25)

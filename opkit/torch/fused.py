@@ -17,6 +17,8 @@ from torch import nn
 from .. import get as _get
 from ..config import DEFAULT_PRECISION
 from ..runtime.precision import _cast_to
+from .library import call, call_
+from .resize import Plan, interleaved, memory_format_of
 from .tensors import DTYPES, TORCH_DTYPES
 
 # where the convolution runs: opkit's fused operator, or PyTorch's conv2d with opkit's
@@ -61,6 +63,13 @@ class FusedConvLeakyReLU(nn.Module):
         self.conv_name, self.bn_name = names
         self.precision_mode = precision_mode
         self.eval_conv, self.train_conv = eval_conv, train_conv
+        self.up, self.plan = 1, None
+
+    def fold_upsampling(self, r: int) -> None:
+        """Take nearest r-times upsampling of the input into the convolution (resize.py): the
+        module's input is then the image before upsampling."""
+        self.up, self.plan = int(r), Plan(int(r), self._conv.kernel_size, self._conv.padding,
+                                          self._conv.out_channels)
 
     @property
     def conv(self) -> nn.Conv2d:
@@ -81,6 +90,8 @@ class FusedConvLeakyReLU(nn.Module):
         training = self._bn.training if self._bn is not None else self.training
         if (self.train_conv if training else self.eval_conv) == "torch":
             return self._torch_conv(x, training)
+        if self.up > 1:  # opkit's convolution takes the upsampled image
+            x = F.interpolate(x, scale_factor=self.up, mode="nearest")
         return self._opkit_conv(x, training)
 
     # ------------------------------------------------------------------ precision
@@ -93,8 +104,8 @@ class FusedConvLeakyReLU(nn.Module):
             cast = _cast_to(_get(name).spec, self.precision_mode, np.dtype(DTYPES[x.dtype]))
             target = TORCH_DTYPES[cast.name] if cast is not None else None
         if target is None or target == x.dtype:
-            return getattr(torch.ops.opkit, name)(x, *tensors, **attrs)
-        out = getattr(torch.ops.opkit, name)(x.to(target), *(t.to(target) for t in tensors), **attrs)
+            return call(name, x, *tensors, **attrs)
+        out = call(name, x.to(target), *(t.to(target) for t in tensors), **attrs)
         if isinstance(out, tuple):  # y and the batch statistics
             return (out[0].to(x.dtype),) + tuple(out[1:])
         return out.to(x.dtype)
@@ -131,17 +142,33 @@ class FusedConvLeakyReLU(nn.Module):
 
     def _torch_conv(self, x: torch.Tensor, training: bool) -> torch.Tensor:
         conv, bn = self._conv, self._bn
-        if bn is not None and training:  # batch statistics: PyTorch's batch norm, opkit's slope
-            z = bn(F.conv2d(x, conv.weight, conv.bias, self.stride, self.padding))
-            return self._run("leaky_relu", z, alpha=self.alpha)
+        if training:  # PyTorch's convolution with its bias (and batch norm), opkit's slope
+            z = self._conv2d(x, conv.weight, conv.bias)
+            return self._run("leaky_relu", bn(z) if bn is not None else z, alpha=self.alpha)
         w, shift = conv.weight, self._bias(x)
         if bn is not None:  # inference batch norm folded into the weights and the bias
             gamma, beta = self._affine(bn.running_mean)
             scale = gamma / torch.sqrt(bn.running_var + bn.eps)
             w = w * scale.reshape(-1, 1, 1, 1)
             shift = beta + (shift - bn.running_mean) * scale
+        if self.precision_mode == DEFAULT_PRECISION and not (torch.is_grad_enabled() and (
+                x.requires_grad or w.requires_grad or shift.requires_grad)):
+            # nothing records the call: the convolution adds the bias, and the slope goes over
+            # its output in place
+            return self._conv2d(x, w, shift.to(w.dtype),
+                                then=lambda z: call_("leaky_relu", z, alpha=self.alpha))
+        if self.up > 1:
+            return self._run("leaky_relu", self._conv2d(x, w, shift.to(w.dtype)), alpha=self.alpha)
         z = F.conv2d(x, w, None, self.stride, self.padding)
         return self._run("fused_bias_leaky_relu", z, shift, alpha=self.alpha, gain=1.0)
+
+    def _conv2d(self, x, w, b, then=None):
+        """PyTorch's conv2d, over the upsampled image when upsampling is folded in; `then`: an
+        in-place elementwise op over the result."""
+        if self.plan is not None:
+            return interleaved(self.plan.convolve(x, w, b, then), self.up, memory_format_of(x))
+        z = F.conv2d(x, w, b, self.stride, self.padding)
+        return then(z) if then is not None else z
 
     def _update(self, y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> None:
         """The running statistics, as nn.BatchNorm2d updates them in training."""
@@ -165,6 +192,8 @@ class FusedConvLeakyReLU(nn.Module):
         parts += [f"alpha={self.alpha:g}", f"stride={self.stride}", f"padding={self.padding}"]
         if self.precision_mode != DEFAULT_PRECISION:
             parts.append(f"precision_mode={self.precision_mode!r}")
+        if self.up > 1:
+            parts.append(f"upsampling folded in (x{self.up})")
         if "torch" in (self.eval_conv, self.train_conv):
             parts.append(f"eval_conv={self.eval_conv!r}, train_conv={self.train_conv!r}")
         return ", ".join(parts)

@@ -26,7 +26,7 @@ from ..config import DEFAULT_PRECISION, call_state
 from ..config import get as setting
 from ..runtime import Op
 from ..spec.model import DtypeLimit
-from .tensors import DTYPES, TORCH_DTYPES, Convert, as_array, check_tensor, torch_order
+from .tensors import DTYPES, TORCH_DTYPES, Convert, as_array, channels_last, check_tensor, torch_order
 
 NAMESPACE = "opkit"
 BACKWARD_NAMESPACE = "opkit_backward"
@@ -119,6 +119,7 @@ class Entry:
         # the common call takes a shorter path (see _forward_plain)
         self.plain = self.conv.agnostic and self.n_out == 1 and not self.unspelled and \
             not any(i.optional for i in spec.inputs)
+        self.attr_set = frozenset(spec.attr_names)
         self.allowed = [frozenset(TORCH_DTYPES[d] for d in i.dtypes if d in TORCH_DTYPES)
                         for i in spec.inputs]
 
@@ -165,8 +166,8 @@ class Entry:
     # -------------------------------------------------------------- the calls
 
     def forward(self, *args, **kwargs):
-        if self.plain and not kwargs:
-            result = self._forward_plain(args)
+        if self.plain and self.attr_set.issuperset(kwargs):
+            result = self._forward_plain(args, kwargs)
             if result is not None:
                 return result
         tensors, attrs = self._split(args, kwargs, 0)
@@ -186,21 +187,85 @@ class Entry:
             outs.append(torch_order(t, call.tensors[k]) if k is not None else t)
         return outs[0] if self.n_out == 1 else tuple(outs)
 
-    def _forward_plain(self, args):
-        """The common call with less code on the way (each call after a large one finds the
-        caches cold, so every step shows): contiguous CPU tensors of the declared dtypes, an
-        operator that takes them as they are and gives one result. None: take the full path."""
-        n = len(self.allowed)
+    def _plain_arrays(self, tensors, allowed) -> Optional[Tuple[List[np.ndarray], bool]]:
+        """(NumPy views, whether they are NHWC views of channels_last tensors) when every tensor
+        is a dense CPU tensor of a declared dtype in the first one's memory format, else None."""
+        nhwc = tensors[0].dim() == 4 and channels_last(tensors[0])
         arrays = []
-        for t, allowed in zip(args[:n], self.allowed):
-            if not (t.is_cpu and t.dtype in allowed and t.is_contiguous()):
+        for t, dtypes in zip(tensors, allowed):
+            if not (t.is_cpu and t.dtype in dtypes):
+                return None
+            if nhwc:
+                if not (t.dim() == 4 and channels_last(t)):
+                    return None
+                t = t.permute(0, 2, 3, 1)
+            elif not t.is_contiguous():
                 return None
             arrays.append((t.detach() if t.requires_grad else t).numpy())
-        attrs = dict(zip(self.spec.attr_names, args[n:]))
+        return arrays, nhwc
+
+    def _plain_attrs(self, values, kwargs) -> Optional[dict]:
+        """The attrs by name; None when one is given twice (the full path says so)."""
+        attrs = dict(zip(self.spec.attr_names, values))
+        if len(values) > len(attrs) or not attrs.keys().isdisjoint(kwargs):
+            return None
+        attrs.update(kwargs)
+        return attrs
+
+    @staticmethod
+    def _tensor(arr: np.ndarray, nhwc: bool) -> torch.Tensor:
+        t = torch.from_numpy(arr)
+        return t.permute(0, 3, 1, 2) if nhwc else t
+
+    def _forward_plain(self, args, kwargs):
+        """The common call with less code on the way (each call after a large one finds the
+        caches cold, so every step shows): dense CPU tensors of the declared dtypes (contiguous,
+        or all channels_last), an operator that takes them as they are and gives one result.
+        None: take the full path."""
+        found = self._plain_arrays(args[:len(self.allowed)], self.allowed)
+        if found is None:
+            return None
+        arrays, nhwc = found
+        attrs = self._plain_attrs(args[len(self.allowed):], kwargs)
+        if attrs is None:
+            return None
         result = self.op(*arrays, **self._mode(), **attrs)
         if any(np.may_share_memory(result, a) for a in arrays):
             return None
-        return torch.from_numpy(result)
+        return self._tensor(result, nhwc)
+
+    def _backward_plain(self, args, kwargs):
+        """backward's common call, as _forward_plain: dy and the inputs dense alike."""
+        n = 1 + len(self.allowed)
+        if self.n_out != 1 or len(args) < n or args[0] is None or args[0].dtype != args[1].dtype:
+            return None
+        found = self._plain_arrays(args[:n], [self.allowed[0]] + self.allowed)
+        if found is None:
+            return None
+        arrays, nhwc = found
+        attrs = self._plain_attrs(args[n:], kwargs)
+        if attrs is None:
+            return None
+        grads = self.op.backward(arrays[0], *arrays[1:], **self._mode(), **attrs)
+        outs = []
+        for k in self.differentiable:
+            if any(np.may_share_memory(grads[k], a) for a in arrays):
+                return None
+            outs.append(self._tensor(grads[k], nhwc))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def inplace_plain(self, args, kwargs) -> bool:
+        """The in-place call on dense tensors, as _forward_plain; False: not done (take the
+        full path)."""
+        found = self._plain_arrays(args[:len(self.allowed)], self.allowed)
+        if found is None:
+            return False
+        arrays, _ = found
+        attrs = self._plain_attrs(args[len(self.allowed):], kwargs)
+        if attrs is None:
+            return False
+        self.op(*arrays, out=arrays[0], **self._mode(), **attrs)
+        return True
 
     def forward_fake(self, *args, **kwargs):
         tensors, attrs = self._split(args, kwargs, 0)
@@ -251,6 +316,10 @@ class Entry:
                                               *args, **kwargs)
 
     def backward(self, *args, **kwargs):
+        if self.plain and self.attr_set.issuperset(kwargs):
+            result = self._backward_plain(args, kwargs)
+            if result is not None:
+                return result
         head, attrs = self._split(args, kwargs, self.n_out)
         cots, tensors = head[:self.n_out], head[self.n_out:]
         call = self.conv.call(tensors)
@@ -360,6 +429,83 @@ class Entry:
                 if kind == "inplace" and self.guard is not None:
                     self.guard._destroy()
                     self.guard = None
+
+
+# ----------------------------------------------------------------------------- the direct call
+
+class _Direct(torch.autograd.Function):
+    """An eager call that skips PyTorch's dispatcher (tens of microseconds a call, more than
+    the kernel of a small activation): the same forward and backward as the registered
+    operator, the same autograd semantics, a first derivative only."""
+
+    @staticmethod
+    def forward(ctx, entry, kwargs, *args):
+        ctx.entry, ctx.kwargs = entry, kwargs
+        n = len(entry.spec.inputs)
+        ctx.rest = args[n:]
+        ctx.save_for_backward(*args[:n])
+        return entry.forward(*args, **dict(kwargs))
+
+    @staticmethod
+    def backward(ctx, dy):
+        entry = ctx.entry
+        saved = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2:]
+        result = [None] * len(needs)
+        wanted = [k for k in entry.differentiable if needs[k] and saved[k] is not None]
+        if wanted:
+            # create_graph: the registered backward operator, whose own backward says that
+            # opkit has no second derivative (an error where one is taken)
+            run = entry.backward_op if torch.is_grad_enabled() else entry.backward
+            gs = run(dy, *saved, *ctx.rest, **dict(ctx.kwargs))
+            if len(entry.differentiable) == 1:
+                gs = (gs,)
+            for k, g in zip(entry.differentiable, gs):
+                if k in wanted:
+                    result[k] = g
+        return (None, None, *result)
+
+
+def _eager(args) -> bool:
+    """Plain eager CPU tensors, with nothing tracing, compiling, transforming or intercepting
+    the call: only then may a call skip the dispatcher."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() \
+            or torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack():
+        return False
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) not in _PLAIN_TYPES or not a.is_cpu or _wrapped(a):
+                return False
+        elif a is not None and not isinstance(a, (bool, int, float, str)):
+            return False  # an fx Proxy, a SymFloat ...
+    return True
+
+
+def call_(name: str, *args, **kwargs):
+    """torch.ops.opkit.<name>_(*args, **kwargs): the result written over the first input,
+    skipping the dispatcher as `call` does (never where autograd records the call)."""
+    entry = _ENTRIES.get(name)
+    if entry is not None and entry.plain and "inplace" in entry.variants and _eager(args) \
+            and _eager(kwargs.values()) and entry.attr_set.issuperset(kwargs) \
+            and not (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                                     for a in args)) \
+            and entry.inplace_plain(args, kwargs):
+        return args[0]
+    return getattr(torch.ops.opkit, f"{name}_")(*args, **kwargs)
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def call(name: str, *args, **kwargs):
+    """torch.ops.opkit.<name>(*args, **kwargs), skipping the dispatcher for a single-output
+    operator called eagerly on plain CPU tensors; opkit.torch's modules call operators this
+    way. Under torch.compile, tracing, vmap or a mode the call goes through the dispatcher."""
+    entry = _ENTRIES.get(name)
+    if entry is not None and entry.n_out == 1 and _eager(args) and _eager(kwargs.values()):
+        return _Direct.apply(entry, tuple(kwargs.items()), *args)
+    return getattr(torch.ops.opkit, name)(*args, **kwargs)
 
 
 def _check_writable(t: torch.Tensor, name: str, where: str) -> None:

@@ -15,6 +15,7 @@ from torch import nn
 
 from .. import get as _get
 from ..runtime.bind import check_attrs
+from .library import call
 
 
 def _checked(name: str, where: str, /, **attrs) -> dict:
@@ -44,7 +45,7 @@ class LeakyReLU(nn.Module):
         self.alpha = alpha
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.opkit.leaky_relu(x, alpha=self.alpha)
+        return call("leaky_relu", x, alpha=self.alpha)
 
     def extra_repr(self) -> str:
         return f"alpha={_fmt(self.alpha)}"
@@ -66,7 +67,7 @@ class SpatialLeakyReLU(nn.Module):
             self.register_buffer("alpha_map", alpha_map)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.opkit.spatial_leaky_relu(x, self.alpha_map)
+        return call("spatial_leaky_relu", x, self.alpha_map)
 
     def extra_repr(self) -> str:
         return f"map_shape={self.map_shape}, learnable={self.learnable}"
@@ -90,9 +91,8 @@ class ConditionalLeakyReLU(nn.Module):
         self.b = nn.Parameter(torch.zeros(self.channels, dtype=dtype))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return torch.ops.opkit.conditional_leaky_relu(x, z, self.w, self.b,
-                                                      alpha_min=self.alpha_min,
-                                                      alpha_max=self.alpha_max)
+        return call("conditional_leaky_relu", x, z, self.w, self.b,
+                    alpha_min=self.alpha_min, alpha_max=self.alpha_max)
 
     def extra_repr(self) -> str:
         return (f"z_dim={self.z_dim}, channels={self.channels}, alpha_min={_fmt(self.alpha_min)}, "
@@ -109,7 +109,7 @@ class FreqLeakyReLU(nn.Module):
         self.alpha, self.up, self.gain = alpha, up, gain
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.opkit.freq_leaky_relu(x, alpha=self.alpha, up=self.up, gain=self.gain)
+        return call("freq_leaky_relu", x, alpha=self.alpha, up=self.up, gain=self.gain)
 
     def extra_repr(self) -> str:
         return f"alpha={_fmt(self.alpha)}, up={self.up}, gain={_fmt(self.gain)}"
@@ -128,8 +128,8 @@ class FusedBiasLeakyReLU(nn.Module):
         self.bias = nn.Parameter(torch.zeros(self.channels, dtype=dtype or torch.get_default_dtype()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.opkit.fused_bias_leaky_relu(x, self.bias, alpha=self.alpha,
-                                                     gain=self.gain, clamp=self.clamp)
+        return call("fused_bias_leaky_relu", x, self.bias, alpha=self.alpha, gain=self.gain,
+                    clamp=self.clamp)
 
     def extra_repr(self) -> str:
         return (f"channels={self.channels}, alpha={_fmt(self.alpha)}, gain={_fmt(self.gain)}, "
@@ -147,7 +147,7 @@ class Op(nn.Module):
         self.attrs = _checked(name, f"opkit.torch.nn.Op({name!r})", **attrs)
 
     def forward(self, *inputs: torch.Tensor):
-        return getattr(torch.ops.opkit, self.name)(*inputs, **self.attrs)
+        return call(self.name, *inputs, **self.attrs)
 
     def extra_repr(self) -> str:
         return ", ".join([repr(self.name)] + [f"{k}={_fmt(v)}" for k, v in self.attrs.items()])

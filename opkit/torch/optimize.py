@@ -25,17 +25,18 @@ from torch import nn
 
 from ..config import DEFAULT_PRECISION, PRECISION_MODES
 from . import nn as opnn
+from . import resize
 from .calibrate import Change, slopes
 from .fused import CONV_CHOICES, FusedConvLeakyReLU
 
 LAYOUTS = ("NHWC", "NCHW", None)
 # conv: where the convolution of a fused chain runs in eval / in training. "auto" takes what
-# measured faster here (docs/torch.md): opkit's fused operator in eval, PyTorch's conv2d and
-# batch norm with opkit's activation in training
+# measured faster here (docs/torch.md): PyTorch's conv2d (in eval with the batch norm folded
+# into its weights and bias; in training with PyTorch's batch norm) and opkit's activation
 CONV = ("auto",) + CONV_CHOICES
-AUTO_CONV = {"eval": "opkit", "train": "torch"}
+AUTO_CONV = {"eval": "torch", "train": "torch"}
 DEFAULTS = {"precision_mode": DEFAULT_PRECISION, "leakyrelu_fusion": True, "alpha_quant": False,
-            "layout": None, "conv": "auto"}
+            "layout": None, "conv": "auto", "fold_upsampling": True}
 ALPHA_BITS = 7  # alpha_quant: m / 128, as opkit's quantizable attrs declare it
 ALPHA_RANGE = (0.0, 1.0)  # the fused operators' alpha range
 
@@ -59,7 +60,8 @@ def check_config(config: Optional[dict]) -> dict:
                              f"keys: {', '.join(DEFAULTS)}")
     out = dict(DEFAULTS, **config)
     allowed = {"precision_mode": PRECISION_MODES, "layout": LAYOUTS, "conv": CONV,
-               "leakyrelu_fusion": (True, False), "alpha_quant": (True, False)}
+               "leakyrelu_fusion": (True, False), "alpha_quant": (True, False),
+               "fold_upsampling": (True, False)}
     for key, values in allowed.items():
         v = out[key]
         if not any(v is c or (type(v) is type(c) and v == c) for c in values):
@@ -387,6 +389,44 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
             gm.delete_submodule(node.target)  # no state; its slope lives on in the fused module
 
 
+def _fold_upsampling(gm: fx.GraphModule, report: Report) -> None:
+    """Nearest upsampling whose only consumer is a convolution (fused or not) runs as phase
+    convolutions over the image before upsampling (resize.py)."""
+    modules = dict(gm.named_modules())
+    taken = set(modules)
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or resize.scale_factor(modules[node.target]) is None:
+            continue
+        r = resize.scale_factor(modules[node.target])
+        users = list(node.users)
+        if len(users) != 1 or users[0].op != "call_module" or users[0].args[:1] != (node,) \
+                or len(users[0].args) != 1 or users[0].kwargs:
+            continue
+        user = users[0]
+        consumer = modules[user.target]
+        conv = consumer.conv if isinstance(consumer, FusedConvLeakyReLU) else consumer
+        problem = resize.fold_problem(conv)
+        if problem is not None:
+            if isinstance(conv, nn.Conv2d):
+                report.notes.append(f"upsampling {node.target} not folded into {user.target}: {problem}")
+            continue
+        name = consumer.conv_name if isinstance(consumer, FusedConvLeakyReLU) else str(user.target)
+        if isinstance(consumer, FusedConvLeakyReLU):
+            consumer.fold_upsampling(r)
+        else:
+            target = "opkit_resize." + str(user.target).replace(".", "_")
+            while target in taken:
+                target += "_"
+            taken.add(target)
+            modules[target] = resize.ResizeConv2d(conv, r, name).train(conv.training)
+            gm.add_submodule(target, modules[target])
+            user.target = target
+        user.args = (node.args[0],)
+        gm.graph.erase_node(node)
+        report.notes.append(f"upsampling {node.target} (nearest x{r}) folded into {name}: "
+                            f"{r * r} phase convolutions over the image before upsampling")
+
+
 def _conv_choice(config: dict) -> Tuple[str, str]:
     """(eval, training): where a fused chain's convolution runs."""
     if config["conv"] == "auto":
@@ -420,7 +460,7 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return isinstance(m, (opnn.LeakyReLU, opnn.SpatialLeakyReLU, opnn.ConditionalLeakyReLU,
                               opnn.FreqLeakyReLU, opnn.FusedBiasLeakyReLU, opnn.Op,
-                              FusedConvLeakyReLU)) or super().is_leaf_module(m, qualname)
+                              FusedConvLeakyReLU, resize.ResizeConv2d)) or super().is_leaf_module(m, qualname)
 
 
 def optimize(model: nn.Module, config: Optional[dict] = None,
@@ -431,7 +471,9 @@ def optimize(model: nn.Module, config: Optional[dict] = None,
     operators the model then calls: a float32 model under force_fp16 runs them in float16 and
     gets float32 back), leakyrelu_fusion (bool, default True), alpha_quant (bool: every slope
     snapped to m/128), layout ("NHWC", "NCHW" or None: 4-d inputs converted at the entry),
-    conv ("auto", "opkit" or "torch": where a fused chain's convolution runs).
+    conv ("auto", "opkit" or "torch": where a fused chain's convolution runs), fold_upsampling
+    (bool, default True: nearest upsampling before a convolution runs as phase convolutions
+    over the image before upsampling).
     example_input (a tensor or a tuple) lets optimize check the memory layout each
     convolution sees."""
     config = check_config(config)
@@ -453,6 +495,8 @@ def optimize(model: nn.Module, config: Optional[dict] = None,
     if example_input is not None:
         _propagate(gm, example_input)
     _fuse(gm, config, report)
+    if config["fold_upsampling"]:
+        _fold_upsampling(gm, report)
     if config["alpha_quant"]:
         _quantize_functions(gm, report)
         called = {n.target for n in gm.graph.nodes if n.op == "call_module"}
