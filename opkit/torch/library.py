@@ -504,7 +504,9 @@ def call(name: str, *args, **kwargs):
     way. Under torch.compile, tracing, vmap or a mode the call goes through the dispatcher."""
     entry = _ENTRIES.get(name)
     if entry is not None and entry.n_out == 1 and _eager(args) and _eager(kwargs.values()):
-        return _Direct.apply(entry, tuple(kwargs.items()), *args)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return _Direct.apply(entry, tuple(kwargs.items()), *args)
+        return entry.forward(*args, **kwargs)  # nothing to record
     return getattr(torch.ops.opkit, name)(*args, **kwargs)
 
 
