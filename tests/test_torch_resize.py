@@ -9,7 +9,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from opkit.torch import optimize  # noqa: E402
-from opkit.torch.resize import ONE_CONV_CHANNELS, ResizeConv2d, fold_problem, scale_factor  # noqa: E402
+from opkit.torch.resize import ResizeConv2d, fold_problem, scale_factor  # noqa: E402
 
 CASES = [  # channels in, out, kernel, r, H, W
     (3, 5, 3, 2, 4, 5),
@@ -17,7 +17,8 @@ CASES = [  # channels in, out, kernel, r, H, W
     (4, 4, 1, 2, 3, 3),     # 1 x 1: upsampling after the convolution
     (2, 3, 5, 3, 4, 2),
     (4, 17, 3, 3, 3, 4),
-    (3, 2, 3, 2, 6, 6),     # few channels: one convolution over the union window
+    (3, 2, 3, 2, 6, 6),
+    (2, 2, 3, 3, 2, 3),     # r = 3: phases of one and two taps in one window
     (2, 3, (3, 5), 2, 5, 4),
 ]
 
@@ -49,19 +50,8 @@ def test_finite_difference_gradients():
     torch.manual_seed(1)
     conv = nn.Conv2d(2, 3, 3, padding=1).double()
     x = torch.randn(1, 2, 3, 3, dtype=torch.float64, requires_grad=True)
-    m = ResizeConv2d(conv, 2)
-    assert torch.autograd.gradcheck(lambda x, w, b: _run(m, x, w, b), (x, conv.weight, conv.bias))
-
-
-def _run(m, x, w, b):
-    from opkit.torch.resize import interleaved, memory_format_of
-    return interleaved(m.plan.convolve(x, w, b), m.r, memory_format_of(x))
-
-
-def test_both_ways_of_running_the_phases_are_taken():
-    small = ResizeConv2d(nn.Conv2d(4, 1, 3, padding=1), 2)
-    large = ResizeConv2d(nn.Conv2d(4, ONE_CONV_CHANNELS, 3, padding=1), 2)
-    assert small.plan.one and not large.plan.one
+    plan = ResizeConv2d(conv, 2).plan
+    assert torch.autograd.gradcheck(plan.convolve, (x, conv.weight, conv.bias))
 
 
 @pytest.mark.parametrize("conv, reason", [

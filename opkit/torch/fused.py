@@ -18,7 +18,7 @@ from .. import get as _get
 from ..config import DEFAULT_PRECISION
 from ..runtime.precision import _cast_to
 from .library import call, call_
-from .resize import Plan, interleaved, memory_format_of
+from .resize import Plan
 from .tensors import DTYPES, TORCH_DTYPES
 
 # where the convolution runs: opkit's fused operator, or PyTorch's conv2d with opkit's
@@ -68,8 +68,7 @@ class FusedConvLeakyReLU(nn.Module):
     def fold_upsampling(self, r: int) -> None:
         """Take nearest r-times upsampling of the input into the convolution (resize.py): the
         module's input is then the image before upsampling."""
-        self.up, self.plan = int(r), Plan(int(r), self._conv.kernel_size, self._conv.padding,
-                                          self._conv.out_channels)
+        self.up, self.plan = int(r), Plan(int(r), self._conv.kernel_size, self._conv.padding)
 
     @property
     def conv(self) -> nn.Conv2d:
@@ -166,7 +165,7 @@ class FusedConvLeakyReLU(nn.Module):
         """PyTorch's conv2d, over the upsampled image when upsampling is folded in; `then`: an
         in-place elementwise op over the result."""
         if self.plan is not None:
-            return interleaved(self.plan.convolve(x, w, b, then), self.up, memory_format_of(x))
+            return self.plan.convolve(x, w, b, then)
         z = F.conv2d(x, w, b, self.stride, self.padding)
         return then(z) if then is not None else z
 

@@ -6,11 +6,12 @@ output pixel (r*i + a, r*j + b) -- phase (a, b) -- reads a fixed set of input pi
 the weights. Each phase is then a small convolution over the image before upsampling: for
 r = 2 and a 3 x 3 kernel, a 2 x 2 convolution, 16 multiply-adds per input pixel and output
 channel where the upsampled convolution did 36, and no upsampled image is written or read.
-The phases' outputs are interleaved into the result (docs/torch.md, "Upsampling folded into the
-convolution").
 
-Phase weights are a linear function of the original weights (computed in each call, so
-gradients reach the original parameters as they would).
+All r*r phases run as one convolution over the image with r*r times the output channels (a
+convolution library is far better at many output channels than at the one or few of an output
+layer), whose output is interleaved into the result in one pass (docs/torch.md, "Upsampling
+folded into the convolution"). The phase kernels are a linear function of the kernel, computed
+in each call, so gradients reach the original parameters as they would.
 """
 from __future__ import annotations
 
@@ -19,11 +20,6 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-# up to this many output channels (times r*r) the phases run as one convolution with r*r times
-# the channels over the union of their windows, which convolution libraries handle far better
-# than a few output channels; above it each phase is a convolution of its own (fewer taps)
-ONE_CONV_CHANNELS = 16
 
 
 def scale_factor(up: nn.Module) -> Optional[int]:
@@ -57,70 +53,56 @@ def fold_problem(conv: nn.Module) -> Optional[str]:
 
 # ----------------------------------------------------------------------------- one axis
 
-def _offsets(r: int, k: int, p: int) -> List[List[int]]:
-    """offsets[a][d]: the input pixel (relative to i) that tap d of phase a reads."""
-    return [[(a + d - p) // r for d in range(k)] for a in range(r)]
+class _Axis:
+    """One axis of the folding. Tap d of the kernel, in phase a, reads input pixel
+    i + (a + d - p) // r. Each phase's taps that read the same pixel are added into one; the
+    phases' windows are placed in a common window of `taps` pixels starting at their first
+    offset, so that one convolution with symmetric `padding` computes every phase, phase a
+    in output rows shift[a] .. shift[a] + H - 1."""
 
-
-def _axis(r: int, k: int, p: int, union: bool) -> Tuple[List[torch.Tensor], int, int, List[int]]:
-    """(per phase a 0/1 matrix [taps, k] adding kernel taps into phase taps, left padding,
-    right padding, first tap offset per phase). union: every phase over the same window."""
-    offs = _offsets(r, k, p)
-    lo = [min(o) for o in offs]
-    hi = [max(o) for o in offs]
-    if union:
-        lo = [min(lo)] * r
-        hi = [max(hi)] * r
-    mats = []
-    for a in range(r):
-        m = torch.zeros(hi[a] - lo[a] + 1, k, dtype=torch.float64)
-        for d, e in enumerate(offs[a]):
-            m[e - lo[a], d] = 1.0
-        mats.append(m)
-    return mats, max(0, -min(lo)), max(0, max(hi)), lo
+    def __init__(self, r: int, k: int, p: int):
+        offs = [[(a + d - p) // r for d in range(k)] for a in range(r)]
+        lo = [min(o) for o in offs]
+        self.taps = max(max(o) - min(o) + 1 for o in offs)
+        self.padding = max(-min(lo), max(lo) + self.taps - 1)
+        self.shift = [lo[a] + self.padding for a in range(r)]
+        self.adds = []  # per phase: [taps, k], 1 where kernel tap d adds into phase tap e
+        for a in range(r):
+            m = torch.zeros(self.taps, k, dtype=torch.float64)
+            for d, e in enumerate(offs[a]):
+                m[e - lo[a], d] = 1.0
+            self.adds.append(m)
 
 
 class Plan:
-    """How a convolution with `kernel` taps over an r-times upsampled image runs as phase
-    convolutions over the image itself."""
+    """How a convolution with `kernel` taps over an r-times upsampled image runs as one
+    convolution over the image itself, with r*r times the output channels: phase (a, b) of
+    output channel o is channel (a*r + b)*O + o, at rows shift_h[a].., columns shift_w[b]..."""
 
-    def __init__(self, r: int, kernel: Sequence[int], padding: Sequence[int], out_channels: int):
+    def __init__(self, r: int, kernel: Sequence[int], padding: Sequence[int]):
         self.r = r
-        self.one = out_channels * r * r <= ONE_CONV_CHANNELS
-        (self.mh, self.ph, self.qh, self.lo_h) = _axis(r, kernel[0], padding[0], self.one)
-        (self.mw, self.pw, self.qw, self.lo_w) = _axis(r, kernel[1], padding[1], self.one)
+        self.h, self.w = _Axis(r, kernel[0], padding[0]), _Axis(r, kernel[1], padding[1])
+        # [r, taps_h, kh] x [r, taps_w, kw]: phase kernels from the kernel in one einsum
+        self.adds_h, self.adds_w = torch.stack(self.h.adds), torch.stack(self.w.adds)
 
-    def weights(self, w: torch.Tensor) -> List[torch.Tensor]:
-        """Each phase's kernel [O, C, th, tw] from the kernel w [O, C, kh, kw], phase (a, b) at
-        a * r + b."""
-        out = []
-        for mh in self.mh:
-            for mw in self.mw:
-                out.append(torch.einsum("ij,kl,ocjl->ocik", mh.to(w.dtype), mw.to(w.dtype), w))
-        return out
+    def weight(self, w: torch.Tensor) -> torch.Tensor:
+        """The phases' kernels [r*r*O, C, taps_h, taps_w] from the kernel w [O, C, kh, kw]."""
+        o, c = w.shape[:2]
+        k = torch.einsum("aij,bkl,ocjl->aboc ik".replace(" ", ""), self.adds_h.to(w.dtype),
+                         self.adds_w.to(w.dtype), w)
+        return k.reshape(self.r * self.r * o, c, self.h.taps, self.w.taps)
 
     def convolve(self, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
-                 then=None) -> List[torch.Tensor]:
-        """The r*r phases of conv2d(upsample(x), w, bias), each [N, O, H, W]; `then` (an
-        in-place elementwise op) goes over each convolution's output as it is made."""
-        then = then or (lambda t: t)
-        ws = self.weights(w)
+                 then=None) -> torch.Tensor:
+        """conv2d(upsample(x), w, bias) with `then` (an in-place elementwise op) over the phase
+        convolution's output as it is made."""
         fmt = memory_format_of(x)
-        if self.one:  # one convolution over the shared window, r*r times the channels
-            wall = torch.cat(ws).contiguous(memory_format=fmt)
-            ball = bias.repeat(len(ws)) if bias is not None else None
-            z = then(F.conv2d(F.pad(x, (self.pw, self.qw, self.ph, self.qh)), wall, ball))
-            return list(z.chunk(len(ws), dim=1))
-        xp = F.pad(x, (self.pw, self.qw, self.ph, self.qh))
-        H, W = x.shape[-2:]
-        phases = []
-        for a in range(self.r):
-            for b in range(self.r):
-                wk = ws[a * self.r + b]
-                top, left = self.lo_h[a] + self.ph, self.lo_w[b] + self.pw
-                window = xp[:, :, top:top + H + wk.shape[2] - 1, left:left + W + wk.shape[3] - 1]
-                phases.append(then(F.conv2d(window, wk.contiguous(memory_format=fmt), bias)))
-        return phases
+        wk = self.weight(w).contiguous(memory_format=fmt)
+        b = bias.repeat(self.r * self.r) if bias is not None else None
+        z = F.conv2d(x, wk, b, padding=(self.h.padding, self.w.padding))
+        if then is not None:
+            z = then(z)
+        return interleaved(z, self, x.shape[-2:], fmt)
 
 
 def memory_format_of(t: torch.Tensor):
@@ -129,38 +111,50 @@ def memory_format_of(t: torch.Tensor):
             and t.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format)
 
 
-class _Interleave(torch.autograd.Function):
-    """r*r phase images [N, C, H, W] -> the image [N, C, r*H, r*W] whose pixel (r*i + a,
-    r*j + b) is phase (a, b)'s pixel (i, j); the backward hands each phase its strided view."""
-
-    @staticmethod
-    def forward(ctx, r, fmt, *phases):
-        ctx.r = r
-        return interleave(phases, r, fmt)
-
-    @staticmethod
-    def backward(ctx, dy):
-        r = ctx.r
-        return (None, None, *[dy[:, :, a::r, b::r] for a in range(r) for b in range(r)])
+def _phases(z: torch.Tensor, plan: Plan, hw) -> List[Tuple[int, int, torch.Tensor]]:
+    """(a, b, the view of z that is phase (a, b)): [N, O, H, W] each."""
+    r, (h, w) = plan.r, hw
+    o = z.shape[1] // (r * r)
+    return [(a, b, z[:, (a * r + b) * o:(a * r + b + 1) * o,
+                     plan.h.shift[a]:plan.h.shift[a] + h, plan.w.shift[b]:plan.w.shift[b] + w])
+            for a in range(r) for b in range(r)]
 
 
-def interleave(phases: Sequence[torch.Tensor], r: int, fmt) -> torch.Tensor:
-    p0 = phases[0]
-    n, c, h, w = p0.shape
-    y = torch.empty((n, c, r * h, r * w), dtype=p0.dtype, device=p0.device, memory_format=fmt)
+def interleave(z: torch.Tensor, plan: Plan, hw, fmt) -> torch.Tensor:
+    """The image [N, O, r*H, r*W] whose pixel (r*i + a, r*j + b) is phase (a, b)'s (i, j)."""
+    r, (h, w) = plan.r, hw
+    y = torch.empty((z.shape[0], z.shape[1] // (r * r), r * h, r * w), dtype=z.dtype,
+                    device=z.device, memory_format=fmt)
     with torch.no_grad():
-        for a in range(r):
-            for b in range(r):
-                y[:, :, a::r, b::r].copy_(phases[a * r + b])
+        for a, b, phase in _phases(z, plan, hw):
+            y[:, :, a::r, b::r].copy_(phase)
     return y
 
 
-def interleaved(phases: Sequence[torch.Tensor], r: int, fmt) -> torch.Tensor:
-    """interleave() as autograd records it where a phase needs a gradient; `fmt`: the result's
+class _Interleave(torch.autograd.Function):
+    """interleave() with its backward: each phase's window of dz gets its strided view of dy,
+    the rest of dz (outputs no phase takes) zero."""
+
+    @staticmethod
+    def forward(ctx, z, plan, hw, fmt):
+        ctx.plan, ctx.hw, ctx.shape, ctx.zfmt = plan, hw, z.shape, memory_format_of(z)
+        return interleave(z, plan, hw, fmt)
+
+    @staticmethod
+    def backward(ctx, dy):
+        r = ctx.plan.r
+        dz = dy.new_zeros(ctx.shape).contiguous(memory_format=ctx.zfmt)
+        for a, b, phase in _phases(dz, ctx.plan, ctx.hw):
+            phase.copy_(dy[:, :, a::r, b::r])
+        return dz, None, None, None
+
+
+def interleaved(z: torch.Tensor, plan: Plan, hw, fmt) -> torch.Tensor:
+    """interleave() as autograd records it where z needs a gradient; `fmt`: the result's
     memory format."""
-    if torch.is_grad_enabled() and any(p.requires_grad for p in phases):
-        return _Interleave.apply(r, fmt, *phases)
-    return interleave(phases, r, fmt)
+    if torch.is_grad_enabled() and z.requires_grad:
+        return _Interleave.apply(z, plan, tuple(hw), fmt)
+    return interleave(z, plan, hw, fmt)
 
 
 class ResizeConv2d(nn.Module):
@@ -174,11 +168,10 @@ class ResizeConv2d(nn.Module):
             raise ValueError(f"ResizeConv2d: cannot fold upsampling into {name or 'the convolution'}: {problem}")
         object.__setattr__(self, "_conv", conv)  # a reference, not a child
         self.r, self.conv_name = int(r), name
-        self.plan = Plan(self.r, conv.kernel_size, conv.padding, conv.out_channels)
+        self.plan = Plan(self.r, conv.kernel_size, conv.padding)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        conv = self._conv
-        return interleaved(self.plan.convolve(x, conv.weight, conv.bias), self.r, memory_format_of(x))
+        return self.plan.convolve(x, self._conv.weight, self._conv.bias)
 
     def extra_repr(self) -> str:
-        return f"conv={self.conv_name!r}, r={self.r}, phases={'one convolution' if self.plan.one else 'r*r convolutions'}"
+        return f"conv={self.conv_name!r}, r={self.r}"
