@@ -11,6 +11,7 @@ lies between the two `compare.py` markers in the doc; the text around them is ke
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import multiprocessing
 import os
@@ -86,9 +87,10 @@ def run_all(args, runs: Path) -> List[dict]:
 
 # ----------------------------------------------------------------------------- timing
 
-def contenders(settings: dict):
+def contenders(settings: dict, variants=()):
     """{name: (G, D, as_input)}: the same `torch` model as is, in channels_last, and optimized
-    (when opkit.torch.optimize exists); one more entry, "optimized_error", says why not."""
+    (when opkit.torch.optimize exists), and optimized with each config change in `variants`
+    (named by it); one more entry, "optimized_error", says why not."""
     import torch
     import train
     from models import Discriminator, Generator
@@ -109,26 +111,28 @@ def contenders(settings: dict):
     g, d = copy("torch")
     out["torch channels_last"] = (g.to(memory_format=torch.channels_last),
                                   d.to(memory_format=torch.channels_last), cl)
-    g, d = copy("torch")
-    try:
-        z = torch.randn(batch, settings["z_dim"])
-        config = train.OPTIMIZE_CONFIG
-        g, _ = train.optimize(g.train(), z, config)
-        d, _ = train.optimize(d.train(), cl(torch.zeros(batch, 1, 32, 32)), config)
-        out["optimized"] = (g, d, cl if config.get("layout") == "NHWC" else (lambda t: t))
-    except train.Unavailable as exc:
-        out["optimized_error"] = str(exc)
+    z = torch.randn(batch, settings["z_dim"])
+    for name, change in [("optimized", {})] + [(f"optimized {k}={v}", {k: v}) for k, v in variants]:
+        g, d = copy("torch")
+        config = dict(train.OPTIMIZE_CONFIG, **change)
+        try:
+            g, _ = train.optimize(g.train(), z, config)
+            d, _ = train.optimize(d.train(), cl(torch.zeros(batch, 1, 32, 32)), config)
+        except train.Unavailable as exc:
+            out["optimized_error"] = str(exc)
+            break
+        out[name] = (g, d, cl if config.get("layout") == "NHWC" else (lambda t: t))
     return out
 
 
-def bench(settings: dict, rounds: int, threads: int) -> dict:
+def bench(settings: dict, rounds: int, threads: int, variants=()) -> dict:
     """Eval forward D(G(z)) and one training step for each contender, in alternating rounds
     (a new random order each round); ratios are medians of round-by-round ratios to `torch`."""
     import torch
     import train
     train.set_threads(threads)
     batch = settings["batch_size"]
-    found = contenders(settings)
+    found = contenders(settings, variants)
     error = found.pop("optimized_error", None)
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(batch, settings["z_dim"], generator=gen)
@@ -325,7 +329,7 @@ def page(args, metrics: List[dict], b: Optional[dict], doc: Path) -> str:
               spatial_sentence(s), "", optimized_sentence(s, b), ""]
     if b is not None:
         lines += ["### Side by side: eval forward and training step", "",
-                  f"The `torch` model of the runs above (batch {b['settings']['batch_size']}, width "
+                  f"The `torch` model (batch {b['settings']['batch_size']}, width "
                   f"{b['settings']['width']}), as it is, converted to channels_last, and "
                   f"through `opkit.torch.optimize` with {config_text()}; {b['threads']} threads "
                   f"for PyTorch and opkit; {b['rounds']} rounds in a new random order each, "
@@ -374,6 +378,17 @@ def write_doc(doc: Path, generated: str) -> None:
     doc.write_text(text)
 
 
+def _config_change(p, text: str):
+    """'conv=opkit' -> ("conv", "opkit"); True/False/None and numbers as Python reads them."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        p.error(f"--bench-config: expected KEY=VALUE, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300)
@@ -385,6 +400,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="threads of each training run")
     p.add_argument("--bench-threads", type=int, default=2)
     p.add_argument("--bench-rounds", type=int, default=15, help="0: no timing section")
+    p.add_argument("--bench-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="also time the optimized model with this change to its config, e.g. "
+                        "conv=opkit or fold_upsampling=False (repeatable)")
+    p.add_argument("--bench-size", choices=("runs", "quick", "full"), default="runs",
+                   help="the model the timing section times: the runs' (default), or train.py's "
+                        "small or full-size one")
     p.add_argument("--runs", type=Path, default=Path(tempfile.gettempdir()) / "opkit-gan-runs",
                    help="folder for each run's metrics.json and samples.png")
     p.add_argument("--reuse", action="store_true",
@@ -395,6 +416,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.bench_config = [_config_change(p, c) for c in args.bench_config]
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:
         p.error(f"--variants: unknown {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
@@ -410,7 +432,9 @@ def main(argv=None) -> int:
     if args.bench_rounds > 0:
         print("timing torch / torch channels_last / optimized side by side", flush=True)
         import train
-        b = bench(train.QUICK if args.quick else train.FULL, args.bench_rounds, args.bench_threads)
+        quick = args.quick if args.bench_size == "runs" else args.bench_size == "quick"
+        b = bench(train.QUICK if quick else train.FULL, args.bench_rounds, args.bench_threads,
+                  args.bench_config)
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     plot_curves(metrics, asset(args.doc, "curves"))
     for v in args.variants:
