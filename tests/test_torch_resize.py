@@ -173,3 +173,34 @@ def test_training_steps_match_the_original(z, momentum):
     assert list(got) == list(expected)
     for key, value in expected.items():
         torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_eval_weights_made_once_follow_every_change_of_the_parameters(z):
+    """In eval the folded weights are kept between calls: an in-place change of any parameter
+    or running statistic, a load_state_dict or a new dtype makes them again."""
+    torch.manual_seed(0)
+    model = with_statistics(generator()).eval()
+    opt, _ = optimize(model, {"layout": "NHWC"}, z)
+    opt.eval()
+
+    def check():
+        with torch.no_grad():
+            expected = model(z)
+            got = opt(z)
+        assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+    check()
+    check()  # the kept weights
+    with torch.no_grad():
+        for src in (model, opt):  # the same change in both
+            src.get_submodule("1").weight.mul_(1.5)
+            src.get_submodule("9").bias.add_(0.25)
+            src.get_submodule("2").running_var.mul_(2.0)
+    check()
+    state = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+             for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    opt.load_state_dict(state)
+    check()
+    model.double(), opt.double()
+    with torch.no_grad():
+        torch.testing.assert_close(opt(z.double()), model(z.double()), rtol=1e-9, atol=1e-9)

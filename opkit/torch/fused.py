@@ -18,7 +18,7 @@ from .. import get as _get
 from ..config import DEFAULT_PRECISION
 from ..runtime.precision import _cast_to
 from .library import call, call_
-from .resize import Plan
+from .resize import Plan, memory_format_of, recorded, versions
 from .tensors import DTYPES, TORCH_DTYPES
 
 # where the convolution runs: opkit's fused operator, or PyTorch's conv2d with opkit's
@@ -64,6 +64,7 @@ class FusedConvLeakyReLU(nn.Module):
         self.precision_mode = precision_mode
         self.eval_conv, self.train_conv = eval_conv, train_conv
         self.up, self.plan = 1, None
+        self._cache = None  # (versions of the parameters, the eval convolution's weights)
 
     def fold_upsampling(self, r: int) -> None:
         """Take nearest r-times upsampling of the input into the convolution (resize.py): the
@@ -144,22 +145,38 @@ class FusedConvLeakyReLU(nn.Module):
         if training:  # PyTorch's convolution with its bias (and batch norm), opkit's slope
             z = self._conv2d(x, conv.weight, conv.bias)
             return self._run("leaky_relu", bn(z) if bn is not None else z, alpha=self.alpha)
-        w, shift = conv.weight, self._bias(x)
-        if bn is not None:  # inference batch norm folded into the weights and the bias
-            gamma, beta = self._affine(bn.running_mean)
-            scale = gamma / torch.sqrt(bn.running_var + bn.eps)
-            w = w * scale.reshape(-1, 1, 1, 1)
-            shift = beta + (shift - bn.running_mean) * scale
-        if self.precision_mode == DEFAULT_PRECISION and not (torch.is_grad_enabled() and (
-                x.requires_grad or w.requires_grad or shift.requires_grad)):
-            # nothing records the call: the convolution adds the bias, and the slope goes over
-            # its output in place
-            return self._conv2d(x, w, shift.to(w.dtype),
-                                then=lambda z: call_("leaky_relu", z, alpha=self.alpha))
+        sources = (conv.weight, conv.bias) + ((bn.weight, bn.bias, bn.running_mean, bn.running_var)
+                                             if bn is not None else ())
+        if self.precision_mode == DEFAULT_PRECISION and not recorded(x, *sources):
+            # nothing records the call: the folded weights are made once for these parameters,
+            # the convolution adds the bias, and the slope goes over its output in place
+            key = versions(*sources) + (memory_format_of(x),)
+            if self._cache is None or self._cache[0] != key:
+                w, shift = self._folded(x)
+                shift = shift.to(w.dtype)
+                params = self.plan.params(w, shift, key[-1]) if self.plan is not None else (w, shift)
+                self._cache = (key, params)
+            w, shift = self._cache[1]
+            then = lambda z: call_("leaky_relu", z, alpha=self.alpha)  # noqa: E731
+            if self.plan is not None:
+                return self.plan.convolve(x, None, None, then, params=(w, shift))
+            return then(F.conv2d(x, w, shift, self.stride, self.padding))
+        w, shift = self._folded(x)
         if self.up > 1:
             return self._run("leaky_relu", self._conv2d(x, w, shift.to(w.dtype)), alpha=self.alpha)
         z = F.conv2d(x, w, None, self.stride, self.padding)
         return self._run("fused_bias_leaky_relu", z, shift, alpha=self.alpha, gain=1.0)
+
+    def _folded(self, x: torch.Tensor):
+        """(weights, bias) of the convolution with the inference batch norm folded in."""
+        conv, bn = self._conv, self._bn
+        w, shift = conv.weight, self._bias(x)
+        if bn is not None:
+            gamma, beta = self._affine(bn.running_mean)
+            scale = gamma / torch.sqrt(bn.running_var + bn.eps)
+            w = w * scale.reshape(-1, 1, 1, 1)
+            shift = beta + (shift - bn.running_mean) * scale
+        return w, shift
 
     def _conv2d(self, x, w, b, then=None):
         """PyTorch's conv2d, over the upsampled image when upsampling is folded in; `then`: an

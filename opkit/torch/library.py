@@ -198,10 +198,10 @@ class Entry:
             if nhwc:
                 if not (t.dim() == 4 and channels_last(t)):
                     return None
-                t = t.permute(0, 2, 3, 1)
             elif not t.is_contiguous():
                 return None
-            arrays.append((t.detach() if t.requires_grad else t).numpy())
+            a = (t.detach() if t.requires_grad else t).numpy()
+            arrays.append(a.transpose(0, 2, 3, 1) if nhwc else a)  # (NumPy's is the cheap one)
         return arrays, nhwc
 
     def _plain_attrs(self, values, kwargs) -> Optional[dict]:
@@ -214,8 +214,7 @@ class Entry:
 
     @staticmethod
     def _tensor(arr: np.ndarray, nhwc: bool) -> torch.Tensor:
-        t = torch.from_numpy(arr)
-        return t.permute(0, 3, 1, 2) if nhwc else t
+        return torch.from_numpy(arr.transpose(0, 3, 1, 2) if nhwc else arr)
 
     def _forward_plain(self, args, kwargs):
         """The common call with less code on the way (each call after a large one finds the

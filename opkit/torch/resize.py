@@ -92,17 +92,32 @@ class Plan:
                          self.adds_w.to(w.dtype), w)
         return k.reshape(self.r * self.r * o, c, self.h.taps, self.w.taps)
 
+    def params(self, w: torch.Tensor, bias: Optional[torch.Tensor], fmt):
+        """(phase kernels in memory format fmt, phase bias) of the convolution (w, bias)."""
+        return (self.weight(w).contiguous(memory_format=fmt),
+                bias.repeat(self.r * self.r) if bias is not None else None)
+
     def convolve(self, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
-                 then=None) -> torch.Tensor:
+                 then=None, params=None) -> torch.Tensor:
         """conv2d(upsample(x), w, bias) with `then` (an in-place elementwise op) over the phase
-        convolution's output as it is made."""
+        convolution's output as it is made; `params`: params(w, bias, ...) made before."""
         fmt = memory_format_of(x)
-        wk = self.weight(w).contiguous(memory_format=fmt)
-        b = bias.repeat(self.r * self.r) if bias is not None else None
+        wk, b = params if params is not None else self.params(w, bias, fmt)
         z = F.conv2d(x, wk, b, padding=(self.h.padding, self.w.padding))
         if then is not None:
             z = then(z)
         return interleaved(z, self, x.shape[-2:], fmt)
+
+
+def recorded(*tensors) -> bool:
+    """Whether autograd records a call on these tensors."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def versions(*tensors) -> tuple:
+    """Where each tensor's data is and how often it was changed in place: equal keys, equal
+    values (an optimizer step, load_state_dict or .to() changes one or the other)."""
+    return tuple((t.data_ptr(), t._version, t.dtype) if t is not None else None for t in tensors)
 
 
 def memory_format_of(t: torch.Tensor):
@@ -169,9 +184,17 @@ class ResizeConv2d(nn.Module):
         object.__setattr__(self, "_conv", conv)  # a reference, not a child
         self.r, self.conv_name = int(r), name
         self.plan = Plan(self.r, conv.kernel_size, conv.padding)
+        self._cache = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.plan.convolve(x, self._conv.weight, self._conv.bias)
+        conv = self._conv
+        params = None
+        if not recorded(x, conv.weight, conv.bias):  # eval: the phase kernels of these weights
+            key = versions(conv.weight, conv.bias) + (memory_format_of(x),)
+            if self._cache is None or self._cache[0] != key:
+                self._cache = (key, self.plan.params(conv.weight, conv.bias, key[-1]))
+            params = self._cache[1]
+        return self.plan.convolve(x, conv.weight, conv.bias, params=params)
 
     def extra_repr(self) -> str:
         return f"conv={self.conv_name!r}, r={self.r}"
