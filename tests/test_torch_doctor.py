@@ -123,3 +123,18 @@ def test_cli_errors(tmp_path, capsys, target, args, message):
     assert main(["doctor", target] + args) == 1
     err = capsys.readouterr().err
     assert err.startswith("opkit doctor: error: ") and message in err
+
+
+def test_upsampling_before_a_convolution_is_foldable_advice():
+    model = nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(2, 4, 3, 1, 1), nn.Tanh(),
+                          nn.Upsample(scale_factor=2), nn.Conv2d(4, 4, 3, stride=2, padding=1))
+    rows = opkit.torch.doctor(model, torch.randn(2, 2, 5, 5), repeat=1)
+    folds = [(r.check, r.advice, r.actionable) for r in rows if "foldable" in r.check]
+    assert folds == [
+        ("foldable 0", "nearest x2 -> 1: optimize folds it into 4 phase convolutions over the image "
+                       "before upsampling (fewer multiply-adds, no upsampled image)", True),
+        ("not foldable 3", "into 4: stride=(2, 2) (1 needed)", False)]
+    assert rows.actionable
+    optimized, _ = opkit.torch.optimize(model, None, torch.randn(2, 2, 5, 5))
+    assert not [r for r in opkit.torch.doctor(optimized, torch.randn(2, 2, 5, 5), repeat=1)
+                if r.check.startswith("foldable")]

@@ -111,13 +111,15 @@ def z():
 def test_report_names_each_folded_upsampling(z):
     torch.manual_seed(0)
     opt, report = optimize(generator(), {"layout": "NHWC"}, z)
-    folded = [n for n in report.notes if "folded into" in n]
-    assert folded == [f"upsampling {u} (nearest x2) folded into {c}: 4 phase convolutions over "
-                      "the image before upsampling" for u, c in (("0", "1"), ("4", "5"), ("8", "9"))]
+    assert [str(f) for f in report.folds] == [
+        f"upsampling {u} (nearest x2) folded into {c}: 4 phase convolutions over the image before "
+        "upsampling" for u, c in (("0", "1"), ("4", "5"), ("8", "9"))]
+    assert all(f.reason == "" and f.r == 2 for f in report.folds)
+    assert str(report.folds[0]) in str(report).splitlines()
     assert not any(n.op == "call_module" and isinstance(opt.get_submodule(n.target), nn.Upsample)
                    for n in opt.graph.nodes)
     off, report = optimize(generator(), {"layout": "NHWC", "fold_upsampling": False}, z)
-    assert not any("folded" in n for n in report.notes)
+    assert report.folds == []
     assert sum(n.op == "call_module" and isinstance(off.get_submodule(n.target), nn.Upsample)
                for n in off.graph.nodes) == 3
 
@@ -133,7 +135,7 @@ def test_an_upsampling_read_twice_stays():
             return self.conv(u) + u
     model = Two()
     opt, report = optimize(model)
-    assert not any("folded" in n for n in report.notes)
+    assert report.folds == []
     assert any(n.target == "up" for n in opt.graph.nodes if n.op == "call_module")
     x = torch.randn(1, 2, 3, 3)
     torch.testing.assert_close(opt(x), model(x), rtol=0, atol=0)
@@ -142,7 +144,12 @@ def test_an_upsampling_read_twice_stays():
 def test_an_unfoldable_convolution_is_reported():
     model = nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(2, 2, 3, stride=2, padding=1))
     _, report = optimize(model)
-    assert report.notes[-1] == ("upsampling 0 not folded into 1: stride=(2, 2) (1 needed)")
+    assert [str(f) for f in report.folds] == ["upsampling 0 not folded into 1: stride=(2, 2) (1 needed)"]
+    # a fused chain on opkit's own convolution takes the upsampled image as it is
+    _, report = optimize(generator(), {"conv": "opkit"})
+    assert [f.reason for f in report.folds][:2] == [
+        "its fused chain runs opkit's convolution (conv='opkit'), which takes the upsampled image"] * 2
+    assert report.folds[2].reason == ""  # the last convolution is not fused: folded
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])

@@ -5,6 +5,7 @@ FILE.py:Factory --input N,C,H,W` prints it from the command line.
     α quantized        every slope on the m/128 grid (alpha_quant)
     input              contiguous, and in which layout
     each LeakyReLU     fused, fusible (optimize would fuse it), or why it cannot fuse
+    each upsampling    nearest upsampling before a convolution that optimize would fold into it
     float16/float32    measured: time per forward and the largest deviation of the output
 """
 from __future__ import annotations
@@ -105,6 +106,18 @@ def _fusion_rows(model: nn.Module, report: Report) -> List[Row]:
     return rows
 
 
+def _fold_rows(report: Report) -> List[Row]:
+    rows = []
+    for f in report.folds:
+        if f.reason:
+            rows.append(Row(False, f"not foldable {f.upsample}", f"into {f.conv}: {f.reason}", False))
+        else:
+            rows.append(Row(False, f"foldable {f.upsample}", f"nearest x{f.r} -> {f.conv}: optimize "
+                            f"folds it into {f.r * f.r} phase convolutions over the image before "
+                            "upsampling (fewer multiply-adds, no upsampled image)", True))
+    return rows
+
+
 def _time(model: nn.Module, inputs, repeat: int) -> List[float]:
     times = []
     for _ in range(repeat):
@@ -151,8 +164,9 @@ def doctor(model: nn.Module, example_input, repeat: int = 5) -> Checkup:
     if not all(isinstance(x, torch.Tensor) for x in inputs):
         raise TypeError("opkit.torch.doctor: example_input must be a tensor or a tuple of tensors")
     probe = copy.deepcopy(model).eval()
-    _, report = optimize(probe, {"conv": "opkit"}, inputs)
+    _, report = optimize(probe, None, inputs)
     rows = Checkup([_alpha_row(probe), _input_row(inputs)])
     rows += _fusion_rows(probe, report)
+    rows += _fold_rows(report)
     rows.append(_precision_row(probe, inputs, repeat))
     return rows

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.fx as fx
@@ -90,6 +90,20 @@ class Entry:
         return f"Entry({str(self)!r})"
 
 
+class Fold(NamedTuple):
+    """A nearest upsampling before a convolution: folded into it (reason "") or why not."""
+    upsample: str
+    conv: str
+    r: int
+    reason: str = ""
+
+    def __str__(self) -> str:
+        if self.reason:
+            return f"upsampling {self.upsample} not folded into {self.conv}: {self.reason}"
+        return (f"upsampling {self.upsample} (nearest x{self.r}) folded into {self.conv}: "
+                f"{self.r * self.r} phase convolutions over the image before upsampling")
+
+
 class Report(list):
     """The fusion decisions (a list of Entry: .fused, .node, .reason), then the slopes
     alpha_quant snapped (.alphas: old -> new per module) and the settings applied (.notes).
@@ -98,6 +112,7 @@ class Report(list):
     def __init__(self):
         super().__init__()
         self.alphas: List[Change] = []
+        self.folds: List[Fold] = []
         self.notes: List[str] = []
 
     @property
@@ -109,7 +124,8 @@ class Report(list):
         return [e for e in self if not e.fused]
 
     def __str__(self) -> str:
-        lines = [str(e) for e in self] + [str(c) for c in self.alphas] + self.notes
+        lines = [str(e) for e in self] + [str(c) for c in self.alphas] + self.notes + \
+            [str(f) for f in self.folds]
         return "\n".join(lines) if lines else "nothing to do"
 
 
@@ -404,14 +420,17 @@ def _fold_upsampling(gm: fx.GraphModule, report: Report) -> None:
             continue
         user = users[0]
         consumer = modules[user.target]
-        conv = consumer.conv if isinstance(consumer, FusedConvLeakyReLU) else consumer
+        fused = isinstance(consumer, FusedConvLeakyReLU)
+        conv = consumer.conv if fused else consumer
+        name = consumer.conv_name if fused else str(user.target)
         problem = resize.fold_problem(conv)
+        if fused and problem is None and consumer.eval_conv == consumer.train_conv == "opkit":
+            problem = "its fused chain runs opkit's convolution (conv='opkit'), which takes the upsampled image"
         if problem is not None:
             if isinstance(conv, nn.Conv2d):
-                report.notes.append(f"upsampling {node.target} not folded into {user.target}: {problem}")
+                report.folds.append(Fold(str(node.target), name, r, problem))
             continue
-        name = consumer.conv_name if isinstance(consumer, FusedConvLeakyReLU) else str(user.target)
-        if isinstance(consumer, FusedConvLeakyReLU):
+        if fused:
             consumer.fold_upsampling(r)
         else:
             target = "opkit_resize." + str(user.target).replace(".", "_")
@@ -423,8 +442,7 @@ def _fold_upsampling(gm: fx.GraphModule, report: Report) -> None:
             user.target = target
         user.args = (node.args[0],)
         gm.graph.erase_node(node)
-        report.notes.append(f"upsampling {node.target} (nearest x{r}) folded into {name}: "
-                            f"{r * r} phase convolutions over the image before upsampling")
+        report.folds.append(Fold(str(node.target), name, r))
 
 
 def _conv_choice(config: dict) -> Tuple[str, str]:
@@ -465,7 +483,8 @@ class _Tracer(fx.Tracer):
 
 def optimize(model: nn.Module, config: Optional[dict] = None,
              example_input=None) -> Tuple[fx.GraphModule, Report]:
-    """(optimized_model, report): `model` traced and rewritten as `config` says.
+    """(optimized_model, report): `model` traced and rewritten as `config` says (report: the
+    fusion decisions, report.alphas, report.folds, report.notes).
 
     config keys (all optional): precision_mode (the five modes; they govern the opkit
     operators the model then calls: a float32 model under force_fp16 runs them in float16 and
