@@ -15,6 +15,7 @@ cdef extern from "opkit_kernel.h" nogil:
     ctypedef int64_t* opk_lp
     ctypedef const int64_t* opk_clp
     ctypedef void (*opk_tile_fn)(Py_ssize_t, char* const*, const void*) noexcept nogil
+    ctypedef void (*opk_htile_fn)(Py_ssize_t, char* const*, const void*, int) noexcept nogil
     ctypedef void (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
     enum: OPK_MAXACC
     enum: OPK_HBLOCK
@@ -29,9 +30,11 @@ cdef extern from "opkit_kernel.h" nogil:
         int nacc
         int acc_src[OPK_MAXACC]
         Py_ssize_t acc_slot
-        opk_tile_fn htile
-        opk_tile_fn htile_f
+        opk_htile_fn htile
+        opk_htile_fn htile_f
         uint64_t discard
+    void opk_h2f_full(float* d, const uint16_t* s)
+    void opk_f2h_full(uint16_t* d, const float* s, int stream)
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
     void opk_f2h_contig(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW

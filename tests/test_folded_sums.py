@@ -169,3 +169,34 @@ def test_a_per_pixel_slope_over_channels(dtype):
         np.testing.assert_allclose(dx, np.where(xd > 0, dyd, ad * dyd), rtol=2e-3, atol=2e-3)
         expected = np.where(xd > 0, 0.0, dyd * xd).sum(axis=3, keepdims=True)
         np.testing.assert_allclose(da, expected, rtol=5e-3, atol=5e-3 * np.sqrt(c))
+
+
+def _offset(like, k):
+    """An array like `like`, k elements into a bigger buffer: its first 64-byte line comes
+    after a head of elements, so the float16 path streams from there."""
+    raw = np.empty(like.size + 64, like.dtype)
+    return raw[k:k + like.size].reshape(like.shape)
+
+
+@pytest.mark.parametrize("layout, c", [("NCHW", 3), ("NCHW", 64), ("NHWC", 64), ("NHWC", 70), ("NHWC", 5)])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_vectorized_sums_add_the_same_numbers_as_the_portable_build(layout, c, dtype):
+    """The sums the native build adds in vector registers (eight lanes, rows of channels kept in
+    registers across rows) are bitwise those of the portable build's plain C loops, for any
+    thread count, with the gradient streamed into given arrays after a head of elements."""
+    op = opkit.get("fused_bias_leaky_relu")
+    shape = _image(3 * SUM_CHUNK + 4321, c, layout)
+    rng = np.random.default_rng(c)
+    x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    b = rng.standard_normal(c).astype(dtype)
+    results = []
+    for isa, threads, k in (("portable", 1, 0), ("native", 1, 0), ("native", 2, 3), ("native", 3, 17)):
+        out = (_offset(x, k), np.empty_like(b))
+        with opkit.config(isa=isa, num_threads=threads):
+            results.append(op.backward(dy, x, b, layout=layout, out=out))
+    for dx, db in results[1:]:
+        assert np.array_equal(dx, results[0][0]) and np.array_equal(db, results[0][1])
+    g, gb = _fused_bias_reference(x, b, dy, layout)
+    tol = 3e-3 if dtype == "float16" else 1e-5
+    np.testing.assert_allclose(results[0][1], gb, rtol=tol, atol=tol * np.sqrt(x.size))
+    np.testing.assert_allclose(results[0][0], g, rtol=tol, atol=tol)

@@ -188,9 +188,11 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             lines += [line + where for line in _statements(ins, args, ct.libm, str(ins.dst))]
     for i, res in enumerate(kernel.results):
         r = _operand(res, ct)
-        if clip:  # gradient clipping on store: clamp to [lo, hi], NaN stays NaN (two selects each)
-            lines += [f"c{i} = ({r} if {r} >= lo{i} else lo{i})", f"c{i} = ({r} if {r} != {r} else c{i})",
-                      f"d{i} = (c{i} if c{i} <= hi{i} else hi{i})", f"q{i}[j] = (c{i} if c{i} != c{i} else d{i})"]
+        if clip:
+            # gradient clipping on store: clamp to [lo, hi] (never NaN), one select each. An
+            # ordered comparison is false for NaN, so NaN stays NaN; gcc compiles each select
+            # to one max or min (tests of x != x made it a chain of a dozen ops per vector)
+            lines += [f"c{i} = (lo{i} if {r} < lo{i} else {r})", f"q{i}[j] = (hi{i} if c{i} > hi{i} else c{i})"]
         else:
             lines.append(f"q{i}[j] = {r}")
     return lines
@@ -331,7 +333,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
     floats += [f"{i.dst}_t" for i in kernel.body
                if i.op in PRIMITIVES and "{t}" in PRIMITIVES[i.op].cython]
     if clip:
-        floats += [f"{v}{i}" for i in range(len(kernel.outputs)) for v in ("c", "d")]
+        floats += [f"c{i}" for i in range(len(kernel.outputs))]
     rows = _row_variants(kernel, spec, instances, file_name, clip, quant)
     return {
         "name": kernel.name,

@@ -206,8 +206,7 @@ class Executor:
             sources = {c.args[0] for c in summed}
             later = [v for v, c in zip(step.outputs, clips) if v in sources and c[0] != -np.inf]
             clips = tuple((-np.inf, np.inf) if v in sources else c for v, c in zip(step.outputs, clips))
-        self._kernel(step, env, bound, st.module, st.tag,
-                     any(v in st.out_arrays for v in step.outputs), clips,
+        self._kernel(step, env, bound, st.module, st.tag, self._writes_given(step, st), clips,
                      [(step.outputs.index(c.args[0]), partial) for c, partial in zip(summed, sums)],
                      discard)
         for v in later:
@@ -219,6 +218,13 @@ class Executor:
                 partial = partial[..., 0] + partial[..., 1]
             self._put(c.result, (partial.sum(axis=0).astype(st.temp_dtype), names), env,
                       out_dtypes, like, clip, st.temp_dtype, st.final)
+
+    @staticmethod
+    def _writes_given(k: Kernel, st: "_State") -> bool:
+        """Whether the kernel writes memory the caller gave (out=), its own output or a temp that
+        lands in one (an identity sum_to): long runs are then streamed."""
+        given = {id(a) for a in st.out_arrays.values()}
+        return any(id(st.env[v][0]) in given for v in k.outputs)
 
     def _lanes(self, k: Kernel, env: Dict[Value, Array], calls: List[LibCall]) -> List[bool]:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
