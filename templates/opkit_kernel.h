@@ -814,6 +814,24 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     if (head >= 0) opk_fence();
 }
 
+/* A run whose only other inputs are broadcast along it (a per-channel bias over NCHW's rows of
+ * H x W): the kernel's row loop takes those as scalars and writes the outputs in place, with no
+ * tile in between. 0: no such loop for this run. */
+static inline int opk_row_run(const opk_kernel *k, Py_ssize_t n, char **ptr, const Py_ssize_t *step,
+                              const int *code, const int *direct)
+{
+    static const Py_ssize_t rstep[OPK_MAXOPS] = {0};
+    int mask = 0;
+    if (k->rows == NULL || k->nacc > 0) return 0;
+    for (int o = 0; o < k->nops; o++) {
+        if (o < k->nin && step[o] == 0 && code[o] == k->ccode) mask |= 1 << o;
+        else if (!direct[o]) return 0;
+    }
+    if (mask == 0 || mask >= 64 || !(k->row_masks >> mask & 1)) return 0;
+    k->rows(1, n, ptr, rstep, mask, k->ctx);
+    return 1;
+}
+
 /* One row piece: operands stored in the compute type with unit stride are used in place, the
  * others are converted or gathered into tiles of `scratch` (nops x tile_len elements); an input
  * broadcast along the run (step 0) is filled into its tile once; long runs into memory the
@@ -841,6 +859,7 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         k->tile(n, ptr, k->ctx);
         return;
     }
+    if (opk_row_run(k, n, ptr, step, code, direct)) return;
     for (int o = 0; o < nin; o++)
         if (step[o] == 0) opk_load_c(cc, scratch + o * len * cs, ptr[o], 0, code[o], n < len ? n : len);
     for (Py_ssize_t i = 0; i < n; i += len) {
