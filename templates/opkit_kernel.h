@@ -594,7 +594,7 @@ typedef struct {
                                 * stream long runs */
     int nacc;                  /* sums folded into the pass: operands nops .. nops + nacc */
     int acc_src[OPK_MAXACC];   /* the output (operand index) each sum adds up */
-    Py_ssize_t acc_slot;       /* bytes between two chunks' partial sums */
+    Py_ssize_t acc_slot[OPK_MAXACC]; /* per sum: bytes between two chunks' partial sums */
     opk_htile_fn htile;        /* NULL, or the element loop on float16 operands (stored as they
                                 * are; converted in registers): contiguous, or inputs of step 0 */
     opk_htile_fn htile_f;      /* the same with float outputs (for the sums folded in) */
@@ -1137,6 +1137,33 @@ static int opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *
     return 0;
 }
 
+/* A folded sum's partials added up: out[k] = the chunks' partials of element k (p holds nchunks
+ * rows of K elements of `lanes` doubles) added in chunk order, each chunk's eight lanes first
+ * added pairwise, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)). Threads take whole elements, so
+ * the result does not depend on their number. */
+#define OPK_FOLD_BLOCK 64
+static void opk_fold_partials(const double *p, Py_ssize_t nchunks, Py_ssize_t K, int lanes,
+                              double *out, int nt)
+{
+    const Py_ssize_t nb = opk_cdiv(K, OPK_FOLD_BLOCK);
+    nt = nchunks * K * lanes >= 65536 && nb > 1 ? nt : 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if(nt > 1)
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        const Py_ssize_t k0 = b * OPK_FOLD_BLOCK, k1 = K < k0 + OPK_FOLD_BLOCK ? K : k0 + OPK_FOLD_BLOCK;
+        double acc[OPK_FOLD_BLOCK];
+        for (Py_ssize_t c = 0; c < nchunks; c++) {
+            const double *row = p + c * K * lanes;
+            for (Py_ssize_t k = k0; k < k1; k++) {
+                const double *v = row + k * lanes;
+                const double s = lanes == 8 ? ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
+                                            : v[0];
+                acc[k - k0] = c == 0 ? s : acc[k - k0] + s;
+            }
+        }
+        for (Py_ssize_t k = k0; k < k1; k++) out[k] = nchunks > 0 ? acc[k - k0] : 0.0;
+    }
+}
+
 /* Run a kernel over work units [start, stop) (elements, or blocks when transposing); -1 when
  * memory for its buffers cannot be had. Threads call this on disjoint ranges, so each element is
  * computed exactly once and the result does not depend on the number of threads. */
@@ -1166,7 +1193,7 @@ static inline int opk_threads(Py_ssize_t total, int available, Py_ssize_t thresh
 }
 
 /* A kernel that folds sums into its pass runs in chunks of OPK_ACC_CHUNK elements, each adding
- * into partial sums of its own (acc_slot bytes further on per chunk): the chunks, and so every
+ * into partial sums of its own (acc_slot[a] bytes further on per chunk): the chunks, and so every
  * sum, are the same whatever the number of threads; opkit adds the chunks' sums in order. */
 static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, const opk_kernel *k,
                           int nt)
@@ -1177,7 +1204,7 @@ static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, co
     for (Py_ssize_t c = 0; c < nchunks; c++) {
         char *b[OPK_MAXARR];
         for (Py_ssize_t o = 0; o < nops; o++)
-            b[o] = base[o] + (o >= k->nops ? c * k->acc_slot : 0);
+            b[o] = base[o] + (o >= k->nops ? c * k->acc_slot[o - k->nops] : 0);
         const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
         failed |= opk_walk(c * OPK_ACC_CHUNK, stop, g, b, k);
     }

@@ -200,3 +200,21 @@ def test_vectorized_sums_add_the_same_numbers_as_the_portable_build(layout, c, d
     tol = 3e-3 if dtype == "float16" else 1e-5
     np.testing.assert_allclose(results[0][1], gb, rtol=tol, atol=tol * np.sqrt(x.size))
     np.testing.assert_allclose(results[0][0], g, rtol=tol, atol=tol)
+
+
+def test_sums_of_different_sizes_in_one_kernel(tmp_path):
+    """Each folded sum's partials move on by their own chunk stride: a sum over C and one over H
+    of the same terms fold into one kernel, and both are right."""
+    path = write_op(tmp_path, "name: folded_sizes_probe\n"
+                              "inputs:\n  x: {dtypes: [float32, float64], layouts: [NCHW]}\n"
+                              "outputs:\n  s0: {}\n  s1: {}\n"
+                              "forward:\n  s0: sum(x * 1.5, C)\n  s1: sum(x * 2.5, H)\n")
+    opkit.load(path)
+    op = opkit.get("folded_sizes_probe")
+    assert [len(k.sums) for k in op.lowered().forward.steps if isinstance(k, Kernel)] == [2]
+    x = np.random.default_rng(7).standard_normal((3, 4, 130, 170))   # several chunks
+    for threads in (1, 2):
+        with opkit.config(num_threads=threads):
+            s0, s1 = op(x, layout="NCHW")
+        np.testing.assert_allclose(s0, (x * 1.5).sum(axis=1), rtol=1e-12)
+        np.testing.assert_allclose(s1, (x * 2.5).sum(axis=2), rtol=1e-12)

@@ -212,11 +212,10 @@ class Executor:
         for v in later:
             np.clip(env[v][0], -clip, clip, out=env[v][0])
         for c, (partial, names) in zip(summed, sums):
-            if partial.ndim > len(names) + 1:  # eight lanes a sum, added pairwise as the C side does
-                partial = partial[..., 0::2] + partial[..., 1::2]
-                partial = partial[..., 0::2] + partial[..., 1::2]
-                partial = partial[..., 0] + partial[..., 1]
-            self._put(c.result, (partial.sum(axis=0).astype(st.temp_dtype), names), env,
+            lanes = 8 if partial.ndim > len(names) + 1 else 1
+            total = np.empty(partial.shape[1:partial.ndim - (lanes > 1)])
+            st.module.fold_partials(partial, total, lanes, setting("num_threads"))
+            self._put(c.result, (total.astype(st.temp_dtype), names), env,
                       out_dtypes, like, clip, st.temp_dtype, st.final)
 
     @staticmethod
@@ -387,7 +386,8 @@ class Executor:
         extra = {}
         if sums:
             extra = {"sums": tuple(len(k.inputs) + i for i, _ in sums),
-                     "sum_slot": sums[0][1][0].strides[0], "discard": discard}
+                     "sum_slots": tuple(partial.strides[0] for _, (partial, _) in sums),
+                     "discard": discard}
         fn(*args, clips, **extra) if clips is not None else fn(*args, **extra)
 
     def _geometry(self, k: Kernel, operands, iter_names, iter_shape, ccode: int,
