@@ -1146,7 +1146,8 @@ static void opk_fold_partials(const double *p, Py_ssize_t nchunks, Py_ssize_t K,
                               double *out, int nt)
 {
     const Py_ssize_t nb = opk_cdiv(K, OPK_FOLD_BLOCK);
-    nt = nchunks * K * lanes >= 65536 && nb > 1 ? nt : 1;
+    /* one thread reads about 20 GB/s here: a second pays off only beyond a few ms of it */
+    nt = nchunks * K * lanes >= (1 << 23) && nb > 1 ? nt : 1;
 #pragma omp parallel for num_threads(nt) schedule(static) if(nt > 1)
     for (Py_ssize_t b = 0; b < nb; b++) {
         const Py_ssize_t k0 = b * OPK_FOLD_BLOCK, k1 = K < k0 + OPK_FOLD_BLOCK ? K : k0 + OPK_FOLD_BLOCK;
@@ -1206,6 +1207,8 @@ static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, co
         for (Py_ssize_t o = 0; o < nops; o++)
             b[o] = base[o] + (o >= k->nops ? c * k->acc_slot[o - k->nops] : 0);
         const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
+        for (int a = 0; a < k->nacc; a++)  /* the chunk's partials start at zero, in cache */
+            memset(b[k->nops + a], 0, (size_t)k->acc_slot[a]);
         failed |= opk_walk(c * OPK_ACC_CHUNK, stop, g, b, k);
     }
     return failed ? -1 : 0;

@@ -258,9 +258,10 @@ class Executor:
     @staticmethod
     def _partials(calls: List[LibCall], env: Dict[Value, Array], values, total: int,
                   lanes: List[bool]) -> List[Array]:
-        """Zeroed float64 partial sums for folded sums: one row per chunk of SUM_CHUNK elements
-        (at least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and
-        eight lanes each where `lanes` says."""
+        """float64 partial sums for folded sums: one row per chunk of SUM_CHUNK elements (at
+        least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and eight
+        lanes each where `lanes` says. The kernel zeroes a chunk's rows as it starts the chunk;
+        with no elements there is no kernel call, and the one row is zeroed here."""
         out = []
         rows = (max(-(-total // SUM_CHUNK), 1),)
         for c, lane in zip(calls, lanes):
@@ -271,7 +272,8 @@ class Executor:
                 arr, arr_names = env[c.args[0]]
                 names = tuple(n for n in arr_names if n in c.params[0])
                 shape = tuple(arr.shape[arr_names.index(n)] for n in names)
-            out.append((np.zeros(rows + shape + ((8,) if lane else ())), names))
+            alloc = np.empty if total else np.zeros
+            out.append((alloc(rows + shape + ((8,) if lane else ())), names))
         return out
 
     def _fused(self, step: Fused, st: "_State") -> bool:
