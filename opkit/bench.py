@@ -41,11 +41,19 @@ def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2,
     (each round's times are appended to `rounds` when it is given). `shuffle`: a NumPy
     Generator that orders each round anew, so no function always runs right after the same
     other one (PyTorch's worker threads keep spinning for a while after its own calls).
-    `budget`: fewer rounds (at least 5) where `repeat` of them would take longer (seconds)."""
+    `budget`: fewer rounds (at least 5) where `repeat` of them would take longer (seconds); a
+    contender that takes more than a fifth of it per call (NumPy's float16 arithmetic at 16M
+    elements, say) is warmed up once and timed once, outside the rounds."""
     fns = {k: f for k, f in fns.items() if f is not None}
-    for _ in range(warmup):
-        for f in fns.values():
+    slow = set()
+    for i in range(warmup):
+        for k, f in fns.items():
+            if k in slow:
+                continue
+            t0 = time.perf_counter()
             f()
+            if budget is not None and i == 0 and time.perf_counter() - t0 > budget / 5:
+                slow.add(k)
     times: Dict[str, List[float]] = {k: [] for k in fns}
     # tiny calls are timed in batches so the clock's resolution does not matter
     inner, per_round = {}, 0.0
@@ -54,11 +62,14 @@ def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2,
         f()
         dt = time.perf_counter() - t0
         inner[k] = max(1, min(10000, int(2e-3 / max(dt, 1e-9))))
-        per_round += dt * inner[k]
+        if k in slow:
+            times[k].append(dt)
+        else:
+            per_round += dt * inner[k]
     if budget is not None:
         repeat = max(5, min(repeat, int(budget / max(per_round, 1e-9))))
     for _ in range(repeat):
-        order = list(fns)
+        order = [k for k in fns if k not in slow]
         if shuffle is not None:
             order = [order[i] for i in shuffle.permutation(len(order))]
         for k in order:
@@ -520,21 +531,25 @@ def _parse_size(text: str) -> int:
 
 
 def _shape_for(size: int, layout: str) -> Tuple[int, ...]:
+    """About `size` elements: two images of 64 channels, or (small sizes) one image of one
+    channel, at least 3 x 3 (a convolution's kernel fits)."""
     if layout == "ND":
         return (size,)
-    c = 64 if size >= 4096 else 4
-    side = max(int(math.sqrt(size / (2 * c))), 1)
-    return (2, c, side, side) if layout == "NCHW" else (2, side, side, c)
+    n, c = (2, 64) if size >= 4096 else (1, 1)
+    side = max(int(math.sqrt(size / (n * c))), 3)
+    return (n, c, side, side) if layout == "NCHW" else (n, side, side, c)
 
 
 def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts: List[str],
                  passes: List[str], repeat: int, rng, budget: float = 1.0,
-                 progress=None) -> List[Row]:
+                 progress=None, skipped: Optional[List[str]] = None) -> List[Row]:
     """Each operator on inputs shaped like its first input, against the copy of the same bytes,
     NumPy running the same graph in the same dtype and PyTorch's own kernels where PyTorch has
     the computation (bench_torch.py). Every side writes into memory it has written before
     (opkit and the copy through out=), so page faults are nobody's. Each case takes about
-    `budget` seconds (at least 5 rounds); `progress(text)` hears of each case as it starts."""
+    `budget` seconds (at least 5 rounds); `progress(text)` hears of each case as it starts.
+    A case the operator does not take (a convolution's kernel larger than the image) is left
+    out, its reason appended to `skipped`."""
     import opkit
     cases = [(name, layout, size, dtype, pass_)
              for name in names for layout in _layouts_of(opkit.get(name), layouts)
@@ -543,10 +558,18 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
     rows = []
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # (FusionWarning at build: `opkit show` tells it)
+        start = time.perf_counter()
         for i, case in enumerate(cases):
+            label = f"{case[0]} {case[4]} {case[1]} {_size_text(case[2])} {case[3]}"
             if progress is not None:
-                progress(f"[{i + 1}/{len(cases)}] {case[0]} {case[4]} {case[1]} {_size_text(case[2])} {case[3]}")
-            row = _generic_row(*case, repeat, rng, budget)
+                elapsed = int(time.perf_counter() - start)
+                progress(f"[{i + 1}/{len(cases)} {elapsed // 60}:{elapsed % 60:02d}] {label}")
+            try:
+                row = _generic_row(*case, repeat, rng, budget)
+            except ValueError as exc:  # (SpecError too) opkit refuses these shapes; it says why
+                if skipped is not None:
+                    skipped.append(f"{label}: {exc}")
+                continue
             if row is not None:
                 rows.append(row)
     return rows
@@ -582,7 +605,8 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget) -> Optio
         s = tuple(d if isinstance(d, int) else logical.get(d, _OTHER_DIMS.get(d, 16))
                   for d in i.shape) if i.shape else shape
         lo, hi = i.domain
-        inputs[i.name] = rng.uniform(max(lo, -4.0), min(hi, 4.0), s).astype(dtype)
+        lo, hi = max(lo, -4.0), min(hi, 4.0)   # (float32 draws: a 16M case sets up fast)
+        inputs[i.name] = (rng.random(s, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)).astype(dtype)
     main = inputs[op.spec.inputs[0].name]
     kw = dict(inputs, **attrs)
     if op.spec.layouts[0] != "ND":
@@ -595,7 +619,8 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget) -> Optio
         graph, values = op.graphs.forward, dict(bound.values)
         dys, grads = None, None
     else:
-        dys = tuple(rng.standard_normal(bound.outputs[o.name][1]).astype(dtype) for o in op.spec.outputs)
+        dys = tuple(rng.standard_normal(bound.outputs[o.name][1], dtype=np.float32).astype(dtype)
+                    for o in op.spec.outputs)
         extra = [(f"d{o.name}", d, o.name) for o, d in zip(op.spec.outputs, dys)]
         bound = bind(op.spec, {**inputs, **attrs}, layout, name, extra)
         takes = op.graphs.differentiable
@@ -753,14 +778,18 @@ def main(args) -> int:
     results: List[TargetResult] = []
     if args.names or args.all:
         names = list(args.names) + (opkit.list_ops() if args.all else [])
+        skipped: List[str] = []
         rows = generic_rows(list(dict.fromkeys(names)), [_parse_size(s) for s in args.sizes.split(",")],
                             args.dtypes.split(","), args.layouts.split(","), args.passes.split(","),
-                            args.repeat, rng, progress=_progress)
+                            args.repeat, rng, progress=_progress, skipped=skipped)
     else:
         rows, results = run_targets(args.repeat, rng)
     if (args.names or args.all) and sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
     print(format_rows(rows))
+    if args.names or args.all:
+        for line in skipped:
+            print(f"skipped: {line}")
     notes = torch_notes(rows)
     if notes:
         print()

@@ -32,7 +32,8 @@ typedef const int64_t *__restrict opk_clp;
 
 /* The storage dtype codes (OPK_F16 ...) and OPK_MAXOPS come from opkit itself: the generated
  * module defines them (opkit/codegen/render.py: DTYPE_CODES, MAX_OPERANDS) before this header. */
-#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK)
+#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK) || \
+    !defined(OPK_ZERO_ROWS)
 #error "opkit_kernel.h is included by opkit's generated modules, which define the dtype codes"
 #endif
 
@@ -1208,7 +1209,7 @@ static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, co
             b[o] = base[o] + (o >= k->nops ? c * k->acc_slot[o - k->nops] : 0);
         const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
         for (int a = 0; a < k->nacc; a++)  /* the chunk's partials start at zero, in cache */
-            memset(b[k->nops + a], 0, (size_t)k->acc_slot[a]);
+            if (k->acc_slot[a] <= OPK_ZERO_ROWS) memset(b[k->nops + a], 0, (size_t)k->acc_slot[a]);
         failed |= opk_walk(c * OPK_ACC_CHUNK, stop, g, b, k);
     }
     return failed ? -1 : 0;

@@ -218,3 +218,26 @@ def test_sums_of_different_sizes_in_one_kernel(tmp_path):
             s0, s1 = op(x, layout="NCHW")
         np.testing.assert_allclose(s0, (x * 1.5).sum(axis=1), rtol=1e-12)
         np.testing.assert_allclose(s1, (x * 2.5).sum(axis=2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("c", [8, 64])
+def test_partials_start_at_zero_call_after_call(c):
+    """Chunks' partials of a few channels are zeroed by the kernel (their memory is reused from
+    call to call); a sum per pixel (long rows of partials) is zeroed by its allocation: both
+    give the same sums on every call, several chunks each."""
+    op = opkit.get("spatial_leaky_relu")
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((2, 64, 64, c))
+    dy = rng.standard_normal(x.shape)
+    amap = rng.uniform(0.1, 0.3, (2, 64, 64, 1))
+    fb = opkit.get("fused_bias_leaky_relu")
+    b = rng.standard_normal(c)
+    first = op.backward(dy, x, amap, layout="NHWC"), fb.backward(dy, x, b, layout="NHWC")
+    for _ in range(3):
+        again = op.backward(dy, x, amap, layout="NHWC"), fb.backward(dy, x, b, layout="NHWC")
+        for got, want in zip(again, first):
+            assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    expected = np.where(x > 0, 0.0, dy * x).sum(axis=3, keepdims=True)
+    np.testing.assert_allclose(first[0][1], expected, rtol=1e-12, atol=1e-12)
+    g, gb = _fused_bias_reference(x, b, dy, "NHWC")
+    np.testing.assert_allclose(first[1][1], gb, rtol=1e-12)

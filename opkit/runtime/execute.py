@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -13,7 +14,7 @@ from ..dsl import named
 from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
 from ..lower.epilogue import physical
-from ..lower.reduce import SUM_CHUNK
+from ..lower.reduce import SUM_CHUNK, ZERO_ROWS
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides
@@ -260,8 +261,9 @@ class Executor:
                   lanes: List[bool]) -> List[Array]:
         """float64 partial sums for folded sums: one row per chunk of SUM_CHUNK elements (at
         least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and eight
-        lanes each where `lanes` says. The kernel zeroes a chunk's rows as it starts the chunk;
-        with no elements there is no kernel call, and the one row is zeroed here."""
+        lanes each where `lanes` says. The kernel zeroes a chunk's rows of up to ZERO_ROWS bytes
+        as it starts the chunk; longer ones (and the one row of a call with no elements, which
+        runs no kernel) are zeroed here, lazily by the allocation."""
         out = []
         rows = (max(-(-total // SUM_CHUNK), 1),)
         for c, lane in zip(calls, lanes):
@@ -272,8 +274,9 @@ class Executor:
                 arr, arr_names = env[c.args[0]]
                 names = tuple(n for n in arr_names if n in c.params[0])
                 shape = tuple(arr.shape[arr_names.index(n)] for n in names)
-            alloc = np.empty if total else np.zeros
-            out.append((alloc(rows + shape + ((8,) if lane else ())), names))
+            row = shape + ((8,) if lane else ())
+            small = 8 * math.prod(row) <= ZERO_ROWS
+            out.append(((np.empty if total and small else np.zeros)(rows + row), names))
         return out
 
     def _fused(self, step: Fused, st: "_State") -> bool:
