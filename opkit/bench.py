@@ -41,11 +41,23 @@ def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2,
     (each round's times are appended to `rounds` when it is given). `shuffle`: a NumPy
     Generator that orders each round anew, so no function always runs right after the same
     other one (PyTorch's worker threads keep spinning for a while after its own calls).
-    `budget`: fewer rounds (at least 5) where `repeat` of them would take longer (seconds)."""
+    `budget`: fewer rounds (at least 5) where `repeat` of them would take longer (seconds); a
+    contender after the first that takes more than a fifth of it per call (NumPy's float16
+    arithmetic on millions of elements, say) is warmed up once and timed once, outside the
+    rounds."""
     fns = {k: f for k, f in fns.items() if f is not None}
-    for _ in range(warmup):
-        for f in fns.values():
+    slow, warm = set(), set()  # (a call longer than the budget is warm after one call)
+    for i in range(warmup):
+        for j, (k, f) in enumerate(fns.items()):
+            if k in slow or k in warm:
+                continue
+            t0 = time.perf_counter()
             f()
+            dt = time.perf_counter() - t0
+            if budget is not None and i == 0 and j > 0 and dt > budget / 5:
+                slow.add(k)
+            if budget is not None and dt > budget:
+                warm.add(k)
     times: Dict[str, List[float]] = {k: [] for k in fns}
     # tiny calls are timed in batches so the clock's resolution does not matter
     inner, per_round = {}, 0.0
@@ -54,11 +66,14 @@ def timed(fns: Dict[str, Optional[Fn]], repeat: int, warmup: int = 2,
         f()
         dt = time.perf_counter() - t0
         inner[k] = max(1, min(10000, int(2e-3 / max(dt, 1e-9))))
-        per_round += dt * inner[k]
-    if budget is not None:
-        repeat = max(5, min(repeat, int(budget / max(per_round, 1e-9))))
+        if k in slow:
+            times[k].append(dt)
+        else:
+            per_round += dt * inner[k]
+    if budget is not None:  # (3 rounds where one alone takes longer than the budget)
+        repeat = max(3 if per_round > budget else 5, min(repeat, int(budget / max(per_round, 1e-9))))
     for _ in range(repeat):
-        order = list(fns)
+        order = [k for k in fns if k not in slow]
         if shuffle is not None:
             order = [order[i] for i in shuffle.permutation(len(order))]
         for k in order:
@@ -520,35 +535,60 @@ def _parse_size(text: str) -> int:
 
 
 def _shape_for(size: int, layout: str) -> Tuple[int, ...]:
+    """About `size` elements (at most): two images of 64 channels, or (small sizes) one image
+    of one channel, at least 3 x 3 (a convolution's kernel fits)."""
     if layout == "ND":
         return (size,)
-    c = 64 if size >= 4096 else 4
-    side = max(int(math.sqrt(size / (2 * c))), 1)
-    return (2, c, side, side) if layout == "NCHW" else (2, side, side, c)
+    n, c = (2, 64) if size >= 4096 else (1, 1)
+    side = max(int(math.sqrt(size / (n * c))), 3)
+    if side >= 32:  # a multiple of 16: no prime sides for the FFTs of freq_leaky_relu
+        side -= side % 16
+    return (n, c, side, side) if layout == "NCHW" else (n, side, side, c)
+
+
+NUMPY_LIMIT = 1.0  # seconds per call beyond which the generic cases leave NumPy's column out
 
 
 def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts: List[str],
                  passes: List[str], repeat: int, rng, budget: float = 1.0,
-                 progress=None) -> List[Row]:
+                 progress=None, notes: Optional[List[str]] = None) -> List[Row]:
     """Each operator on inputs shaped like its first input, against the copy of the same bytes,
     NumPy running the same graph in the same dtype and PyTorch's own kernels where PyTorch has
     the computation (bench_torch.py). Every side writes into memory it has written before
     (opkit and the copy through out=), so page faults are nobody's. Each case takes about
-    `budget` seconds (at least 5 rounds); `progress(text)` hears of each case as it starts."""
+    `budget` seconds (see timed); `progress(text)` hears of each case as it starts.
+    A case the operator does not take (a convolution's kernel larger than the image) is left
+    out, and NumPy's column where one call would take longer than NUMPY_LIMIT seconds (predicted
+    from the case's smaller size: its float16 convolutions take half a minute at 16M); `notes`
+    hears of both."""
     import opkit
     cases = [(name, layout, size, dtype, pass_)
              for name in names for layout in _layouts_of(opkit.get(name), layouts)
-             for size in sizes for dtype in dtypes if dtype in opkit.get(name).spec.dtypes
+             for size in sorted(sizes) for dtype in dtypes if dtype in opkit.get(name).spec.dtypes
              for pass_ in passes]
-    rows = []
+    rows, numpy_rate = [], {}
+    notes = notes if notes is not None else []
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # (FusionWarning at build: `opkit show` tells it)
+        start = time.perf_counter()
         for i, case in enumerate(cases):
+            label = f"{case[0]} {case[4]} {case[1]} {_size_text(case[2])} {case[3]}"
             if progress is not None:
-                progress(f"[{i + 1}/{len(cases)}] {case[0]} {case[4]} {case[1]} {_size_text(case[2])} {case[3]}")
-            row = _generic_row(*case, repeat, rng, budget)
+                elapsed = int(time.perf_counter() - start)
+                progress(f"[{i + 1}/{len(cases)} {elapsed // 60}:{elapsed % 60:02d}] {label}")
+            key = case[:2] + case[3:]
+            predicted = numpy_rate.get(key, 0.0) * case[2]
+            if predicted > NUMPY_LIMIT:
+                notes.append(f"{label}: NumPy's column left out (about {predicted:.2g} s a call)")
+            try:
+                row = _generic_row(*case, repeat, rng, budget, numpy=predicted <= NUMPY_LIMIT)
+            except ValueError as exc:  # (SpecError too) opkit refuses these shapes; it says why
+                notes.append(f"{label}: skipped: {exc}")
+                continue
             if row is not None:
                 rows.append(row)
+                if "numpy" in row.seconds and case[2] >= 4096:  # (per element, not per call)
+                    numpy_rate[key] = row.seconds["numpy"] / case[2]
     return rows
 
 
@@ -565,7 +605,8 @@ def _size_text(n: int) -> str:
 _OTHER_DIMS = {"KH": 3, "KW": 3, "R": 3, "S": 3}
 
 
-def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget) -> Optional[Row]:
+def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
+                 numpy: bool = True) -> Optional[Row]:
     import opkit
     from .runtime.bind import bind
     from .validate.cases import default_attrs
@@ -582,7 +623,8 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget) -> Optio
         s = tuple(d if isinstance(d, int) else logical.get(d, _OTHER_DIMS.get(d, 16))
                   for d in i.shape) if i.shape else shape
         lo, hi = i.domain
-        inputs[i.name] = rng.uniform(max(lo, -4.0), min(hi, 4.0), s).astype(dtype)
+        lo, hi = max(lo, -4.0), min(hi, 4.0)   # (float32 draws: a 16M case sets up fast)
+        inputs[i.name] = (rng.random(s, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)).astype(dtype)
     main = inputs[op.spec.inputs[0].name]
     kw = dict(inputs, **attrs)
     if op.spec.layouts[0] != "ND":
@@ -595,7 +637,8 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget) -> Optio
         graph, values = op.graphs.forward, dict(bound.values)
         dys, grads = None, None
     else:
-        dys = tuple(rng.standard_normal(bound.outputs[o.name][1]).astype(dtype) for o in op.spec.outputs)
+        dys = tuple(rng.standard_normal(bound.outputs[o.name][1], dtype=np.float32).astype(dtype)
+                    for o in op.spec.outputs)
         extra = [(f"d{o.name}", d, o.name) for o, d in zip(op.spec.outputs, dys)]
         bound = bind(op.spec, {**inputs, **attrs}, layout, name, extra)
         takes = op.graphs.differentiable
@@ -607,7 +650,7 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget) -> Optio
         graph, values = op.graphs.backward, dict(bound.values)
     dst = np.empty_like(main)
     fns = {"opkit": fn, "copy": lambda: np.copyto(dst, main),
-           "numpy": lambda: evaluate(graph, values, bound.attrs, dtype=np.dtype(dtype))}
+           "numpy": (lambda: evaluate(graph, values, bound.attrs, dtype=np.dtype(dtype))) if numpy else None}
     fns["torch"] = _torch_column(op, pass_, bound, attrs, dys, grads, layout)
     t = timed(fns, repeat, budget=budget)
     # the copy moves one input's bytes twice (read, write); scale it to this call's traffic
@@ -717,12 +760,15 @@ def add_parser(sub) -> None:
     b.add_argument("--all", action="store_true", help="time every registered operator")
     from .cli import add_path_option
     add_path_option(b)
-    b.add_argument("--sizes", default="16,64K,16M", help="elements per input, e.g. 16,64K,16M")
+    b.add_argument("--sizes", default="16,64K,4M",
+                   help="elements per input, e.g. 16,64K,16M (16M: beyond every cache)")
     b.add_argument("--dtypes", default="float32,float16", help="comma-separated dtypes")
     b.add_argument("--layouts", default="ND,NCHW,NHWC", help="layouts to try where an operator has them")
     b.add_argument("--passes", default="forward,backward")
     b.add_argument("--threads", type=int, help="kernel threads (default: all cores); torch uses the same")
     b.add_argument("--repeat", type=int, default=15, help="interleaved rounds per case (median)")
+    b.add_argument("--budget", type=float, default=0.3, metavar="SECONDS",
+                   help="with operator names: about this long timing each case (at least 5 rounds)")
     b.add_argument("--build-times", action="store_true", help="also time a cold and a warm `opkit build`")
     b.add_argument("--json", default="", help="write the results here (default: bench-<date>.json)")
     b.add_argument("--plot", default="", metavar="PNG", help="draw a chart (needs matplotlib)")
@@ -753,14 +799,18 @@ def main(args) -> int:
     results: List[TargetResult] = []
     if args.names or args.all:
         names = list(args.names) + (opkit.list_ops() if args.all else [])
+        notes: List[str] = []
         rows = generic_rows(list(dict.fromkeys(names)), [_parse_size(s) for s in args.sizes.split(",")],
                             args.dtypes.split(","), args.layouts.split(","), args.passes.split(","),
-                            args.repeat, rng, progress=_progress)
+                            args.repeat, rng, budget=args.budget, progress=_progress, notes=notes)
     else:
         rows, results = run_targets(args.repeat, rng)
     if (args.names or args.all) and sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
     print(format_rows(rows))
+    if args.names or args.all:
+        for line in notes:
+            print(line)
     notes = torch_notes(rows)
     if notes:
         print()

@@ -32,7 +32,8 @@ typedef const int64_t *__restrict opk_clp;
 
 /* The storage dtype codes (OPK_F16 ...) and OPK_MAXOPS come from opkit itself: the generated
  * module defines them (opkit/codegen/render.py: DTYPE_CODES, MAX_OPERANDS) before this header. */
-#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK)
+#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK) || \
+    !defined(OPK_ZERO_ROWS)
 #error "opkit_kernel.h is included by opkit's generated modules, which define the dtype codes"
 #endif
 
@@ -155,10 +156,45 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
 /* A float16 kernel converts blocks of OPK_HBLOCK elements around its element loop, which the
  * compiler vectorizes as it does the float one: the block stays in registers and L1, and no
  * float tile makes a round trip through memory per pass. (A block of one vector gets unrolled
- * whole, and gcc then leaves a loop with branches scalar.) */
+ * whole, and gcc then leaves a loop with branches scalar; blocks of 128 and more measured
+ * slower than 64.) Whole blocks convert with a fixed count: no tail tests, no calls. */
 #define OPK_HBLOCK 64
 
-/* d[0 .. OPK_HBLOCK) = s[0 .. w) as floats, then zeros */
+static inline void opk_h2f_full(float *d, const uint16_t *s) { opk_h2f_contig(d, s, OPK_HBLOCK); }
+
+/* a whole block rounded to float16; `stream`: non-temporal stores, d on a 64-byte line */
+static inline void opk_f2h_full(uint16_t *d, const float *s, int stream)
+{
+#if OPK_F16_HW && defined(__AVX512F__)
+    if (stream) {
+        for (int i = 0; i < OPK_HBLOCK; i += 16)
+            _mm256_stream_si256((__m256i *)(d + i),
+                                _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        return;
+    }
+#elif OPK_F16_HW
+    if (stream) {
+        for (int i = 0; i < OPK_HBLOCK; i += 8)
+            _mm_stream_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+        return;
+    }
+#endif
+    (void)stream;
+    opk_f2h_contig(d, s, OPK_HBLOCK);
+}
+
+/* n floats rounded to float16 with non-temporal stores, d on a 16-byte boundary */
+static inline void opk_f2h_stream(uint16_t *d, const float *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+#if OPK_F16_HW
+    for (; i + 8 <= n; i += 8)
+        _mm_stream_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    opk_f2h_contig(d + i, s + i, n - i);
+}
+
+/* the last, partial block: d[0 .. OPK_HBLOCK) = s[0 .. w) as floats, then zeros */
 static inline void opk_h2f_block(float *d, const uint16_t *s, Py_ssize_t w)
 {
     opk_h2f_contig(d, s, w);
@@ -281,8 +317,9 @@ static inline void opk_store_d(char *dst, Py_ssize_t stride, int code, const dou
 
 /* Outputs much larger than the caches are written with non-temporal stores: the lines go
  * straight to memory instead of being read first (read-for-ownership) and evicted later. */
-#define OPK_STREAM_MIN (1 << 21)  /* elements per row piece from which a kernel streams: smaller
-                                     * outputs stay in the last-level cache for the next op */
+#define OPK_STREAM_MIN (1 << 21)  /* elements of a call (and of a float run piece) from which
+                                     * results stream: smaller outputs stay in the last-level
+                                     * cache for the next operation */
 
 static inline void opk_stream_f(float *dst, const float *src, Py_ssize_t n)
 {
@@ -540,6 +577,9 @@ static inline void opk_store_c(int ccode, char *dst, Py_ssize_t stride, int code
 typedef void (*opk_tile_fn)(Py_ssize_t n, char *const *p, const void *ctx);
 /* rows of `inner` elements: operands in `mask` (inputs) hold one value per row, the others run on
  * contiguously from row to row; everything is stored in the compute type */
+/* the element loop on float16 operands: whole blocks stream their float16 results when
+ * `stream` (every output then starts on a 64-byte line) */
+typedef void (*opk_htile_fn)(Py_ssize_t n, char *const *p, const void *ctx, int stream);
 typedef void (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char *const *ptr,
                             const Py_ssize_t *rstep, int mask, const void *ctx);
 
@@ -553,13 +593,14 @@ typedef struct {
     int nin, nops;             /* inputs; inputs + outputs */
     int ccode;                 /* the compute type's code */
     Py_ssize_t tile_len;       /* elements per tile where operands are converted or gathered */
-    int stream;                /* the outputs are memory the caller gave: stream long runs */
+    int stream;                /* the outputs are memory the caller gave (and the call is large):
+                                * stream long runs */
     int nacc;                  /* sums folded into the pass: operands nops .. nops + nacc */
     int acc_src[OPK_MAXACC];   /* the output (operand index) each sum adds up */
-    Py_ssize_t acc_slot;       /* bytes between two chunks' partial sums */
-    opk_tile_fn htile;         /* NULL, or the element loop on float16 operands (stored as they
+    Py_ssize_t acc_slot[OPK_MAXACC]; /* per sum: bytes between two chunks' partial sums */
+    opk_htile_fn htile;        /* NULL, or the element loop on float16 operands (stored as they
                                 * are; converted in registers): contiguous, or inputs of step 0 */
-    opk_tile_fn htile_f;       /* the same with float outputs (for the sums folded in) */
+    opk_htile_fn htile_f;      /* the same with float outputs (for the sums folded in) */
     uint64_t discard;          /* bit o: output operand o is not stored (only a folded sum reads it) */
 } opk_kernel;
 
@@ -614,6 +655,17 @@ static inline void opk_accum(int ccode, char *acc, Py_ssize_t step, const char *
         } else {
             const float *v = (const float *)src;
             for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += (double)v[j];
+#if OPK_F16_HW
+            /* the lanes in two registers (gcc leaves the loop below scalar): the same adds */
+            __m256d lo = _mm256_loadu_pd(s), hi = _mm256_loadu_pd(s + 4);
+            for (; j + 8 <= n; j += 8) {
+                const __m256 f = _mm256_loadu_ps(v + j);
+                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+            }
+            _mm256_storeu_pd(s, lo);
+            _mm256_storeu_pd(s + 4, hi);
+#endif
             for (; j + 8 <= n; j += 8)
                 for (int l = 0; l < 8; l++) s[l] += (double)v[j + l];
             for (; j < n; j++) s[(pos + j) & 7] += (double)v[j];
@@ -632,6 +684,32 @@ static inline void opk_accum(int ccode, char *acc, Py_ssize_t step, const char *
     }
 }
 
+/* acc[c] += v[q * inner + c] for rows q = 0 .. rows, each sum adding its terms in row order:
+ * the sums of a group of rows stay in registers across the rows. */
+static inline void opk_accum_cols_f(double *acc, const float *v, Py_ssize_t inner, Py_ssize_t rows)
+{
+    Py_ssize_t c = 0;
+#if OPK_F16_HW
+    for (; c + 16 <= inner; c += 16) {
+        __m256d a0 = _mm256_loadu_pd(acc + c), a1 = _mm256_loadu_pd(acc + c + 4);
+        __m256d a2 = _mm256_loadu_pd(acc + c + 8), a3 = _mm256_loadu_pd(acc + c + 12);
+        for (Py_ssize_t q = 0; q < rows; q++) {
+            const __m256 f = _mm256_loadu_ps(v + q * inner + c), g = _mm256_loadu_ps(v + q * inner + c + 8);
+            a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+            a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+            a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm256_castps256_ps128(g)));
+            a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1)));
+        }
+        _mm256_storeu_pd(acc + c, a0);
+        _mm256_storeu_pd(acc + c + 4, a1);
+        _mm256_storeu_pd(acc + c + 8, a2);
+        _mm256_storeu_pd(acc + c + 12, a3);
+    }
+#endif
+    for (Py_ssize_t q = 0; q < rows; q++)
+        for (Py_ssize_t j = c; j < inner; j++) acc[j] += (double)v[q * inner + j];
+}
+
 /* Add a tile of results into a folded sum's partials: the run's elements go to rows of `inner`
  * (the first one `col` elements in), element c of row q to acc + q * rs + c * step. */
 static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_t step,
@@ -640,6 +718,14 @@ static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_
 {
     const Py_ssize_t cs = OPK_CSIZE(ccode);
     while (n > 0) {
+        if (rs == 0 && step == 8 && col == 0 && ccode == OPK_F32 && n >= 2 * inner) {
+            const Py_ssize_t rows = n / inner;  /* whole rows adding into the same sums */
+            opk_accum_cols_f((double *)acc, (const float *)src, inner, rows);
+            src += rows * inner * cs;
+            n -= rows * inner;
+            pos += rows * inner;
+            continue;
+        }
         const Py_ssize_t m = inner - col < n ? inner - col : n;
         opk_accum(ccode, acc + col * step, step, src, m, pos);
         src += m * cs;
@@ -660,9 +746,26 @@ static inline int opk_all_half(const opk_kernel *k, const Py_ssize_t *step, cons
     return 1;
 }
 
+/* Elements before every stored output of a float16 run starts a 64-byte line, so that the
+ * rest can be streamed; -1 when they never do together. */
+static inline Py_ssize_t opk_half_head(const opk_kernel *k, char *const *ptr)
+{
+    Py_ssize_t head = -1;
+    for (int o = k->nin; o < k->nops; o++) {
+        if (k->discard >> o & 1) continue;
+        const uintptr_t a = (uintptr_t)ptr[o];
+        const Py_ssize_t h = a & 1 ? -1 : (Py_ssize_t)((64 - (a & 63)) & 63) / 2;
+        if (h < 0 || (head >= 0 && h != head)) return -1;
+        head = h;
+    }
+    return head;
+}
+
 /* A float16 run through the kernel's float16 element loop: inputs broadcast along the run are
  * repeated (as float16) into a scratch tile once. With folded sums the outputs come as float
- * tiles: the sums add them up before they are rounded to float16 and stored. */
+ * tiles: the sums add them up before they are rounded to float16 and stored. Into memory the
+ * caller gave (k->stream: a large call), the results are streamed from the first whole 64-byte
+ * line on. */
 static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
                              const Py_ssize_t *step, Py_ssize_t inner, const Py_ssize_t *acc_rs,
                              Py_ssize_t pos)
@@ -677,26 +780,59 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         for (Py_ssize_t j = 0; j < (n < len ? n : len); j++) d[j] = v;
         tiled = 1;
     }
-    if (!tiled) {
-        k->htile(n, ptr, k->ctx);
+    /* tiles of len elements (a multiple of 32) keep the outputs on whole lines after the head */
+    Py_ssize_t head = k->stream && !(tiled && len % 32) ? opk_half_head(k, ptr) : -1;
+    if (head >= n) head = -1;
+    if (!tiled && head < 0) {
+        k->htile(n, ptr, k->ctx, 0);
         return;
     }
-    for (Py_ssize_t i = 0; i < n; i += len) {
-        const Py_ssize_t m = n - i < len ? n - i : len;
+    if (!tiled) {  /* the elements before the first whole line as they are, then streamed */
+        for (int o = 0; o < k->nops; o++) t[o] = ptr[o] + head * 2;
+        k->htile(head, ptr, k->ctx, 0);
+        k->htile(n - head, t, k->ctx, 1);
+        opk_fence();
+        return;
+    }
+    for (Py_ssize_t i = 0, m; i < n; i += m) {
+        const int first = i == 0 && head > 0, stream = head >= 0 && !first;
+        m = first ? head : (n - i < len ? n - i : len);
         for (int o = 0; o < k->nops; o++)
             t[o] = o >= k->nin ? (k->nacc ? scratch + o * len * 4 : ptr[o] + i * 2)
                                : (step[o] == 0 ? scratch + o * len * 4 : ptr[o] + i * 2);
         if (k->nacc == 0) {
-            k->htile(m, t, k->ctx);
+            k->htile(m, t, k->ctx, stream);
             continue;
         }
-        k->htile_f(m, t, k->ctx);
+        k->htile_f(m, t, k->ctx, 0);
         for (int a = 0; a < k->nacc; a++)
             opk_accum_rows(OPK_F32, ptr[k->nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
                            step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i);
-        for (int o = k->nin; o < k->nops; o++)
-            if (!(k->discard >> o & 1)) opk_f2h_contig((uint16_t *)(ptr[o] + i * 2), (const float *)t[o], m);
+        for (int o = k->nin; o < k->nops; o++) {
+            if (k->discard >> o & 1) continue;
+            if (stream) opk_f2h_stream((uint16_t *)(ptr[o] + i * 2), (const float *)t[o], m);
+            else opk_f2h_contig((uint16_t *)(ptr[o] + i * 2), (const float *)t[o], m);
+        }
     }
+    if (head >= 0) opk_fence();
+}
+
+/* A run whose only other inputs are broadcast along it (a per-channel bias over NCHW's rows of
+ * H x W): the kernel's row loop takes those as scalars and writes the outputs in place, with no
+ * tile in between. 0: no such loop for this run. */
+static inline int opk_row_run(const opk_kernel *k, Py_ssize_t n, char **ptr, const Py_ssize_t *step,
+                              const int *code, const int *direct)
+{
+    static const Py_ssize_t rstep[OPK_MAXOPS] = {0};
+    int mask = 0;
+    if (k->rows == NULL || k->nacc > 0) return 0;
+    for (int o = 0; o < k->nops; o++) {
+        if (o < k->nin && step[o] == 0 && code[o] == k->ccode) mask |= 1 << o;
+        else if (!direct[o]) return 0;
+    }
+    if (mask == 0 || mask >= 64 || !(k->row_masks >> mask & 1)) return 0;
+    k->rows(1, n, ptr, rstep, mask, k->ctx);
+    return 1;
 }
 
 /* One row piece: operands stored in the compute type with unit stride are used in place, the
@@ -726,6 +862,7 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         k->tile(n, ptr, k->ctx);
         return;
     }
+    if (opk_row_run(k, n, ptr, step, code, direct)) return;
     for (int o = 0; o < nin; o++)
         if (step[o] == 0) opk_load_c(cc, scratch + o * len * cs, ptr[o], 0, code[o], n < len ? n : len);
     for (Py_ssize_t i = 0; i < n; i += len) {
@@ -1003,6 +1140,34 @@ static int opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *
     return 0;
 }
 
+/* A folded sum's partials added up: out[k] = the chunks' partials of element k (p holds nchunks
+ * rows of K elements of `lanes` doubles) added in chunk order, each chunk's eight lanes first
+ * added pairwise, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)). Threads take whole elements, so
+ * the result does not depend on their number. */
+#define OPK_FOLD_BLOCK 64
+static void opk_fold_partials(const double *p, Py_ssize_t nchunks, Py_ssize_t K, int lanes,
+                              double *out, int nt)
+{
+    const Py_ssize_t nb = opk_cdiv(K, OPK_FOLD_BLOCK);
+    /* one thread reads about 20 GB/s here: a second pays off only beyond a few ms of it */
+    nt = nchunks * K * lanes >= (1 << 23) && nb > 1 ? nt : 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if(nt > 1)
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        const Py_ssize_t k0 = b * OPK_FOLD_BLOCK, k1 = K < k0 + OPK_FOLD_BLOCK ? K : k0 + OPK_FOLD_BLOCK;
+        double acc[OPK_FOLD_BLOCK];
+        for (Py_ssize_t c = 0; c < nchunks; c++) {
+            const double *row = p + c * K * lanes;
+            for (Py_ssize_t k = k0; k < k1; k++) {
+                const double *v = row + k * lanes;
+                const double s = lanes == 8 ? ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
+                                            : v[0];
+                acc[k - k0] = c == 0 ? s : acc[k - k0] + s;
+            }
+        }
+        for (Py_ssize_t k = k0; k < k1; k++) out[k] = nchunks > 0 ? acc[k - k0] : 0.0;
+    }
+}
+
 /* Run a kernel over work units [start, stop) (elements, or blocks when transposing); -1 when
  * memory for its buffers cannot be had. Threads call this on disjoint ranges, so each element is
  * computed exactly once and the result does not depend on the number of threads. */
@@ -1032,7 +1197,7 @@ static inline int opk_threads(Py_ssize_t total, int available, Py_ssize_t thresh
 }
 
 /* A kernel that folds sums into its pass runs in chunks of OPK_ACC_CHUNK elements, each adding
- * into partial sums of its own (acc_slot bytes further on per chunk): the chunks, and so every
+ * into partial sums of its own (acc_slot[a] bytes further on per chunk): the chunks, and so every
  * sum, are the same whatever the number of threads; opkit adds the chunks' sums in order. */
 static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, const opk_kernel *k,
                           int nt)
@@ -1043,20 +1208,32 @@ static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, co
     for (Py_ssize_t c = 0; c < nchunks; c++) {
         char *b[OPK_MAXARR];
         for (Py_ssize_t o = 0; o < nops; o++)
-            b[o] = base[o] + (o >= k->nops ? c * k->acc_slot : 0);
+            b[o] = base[o] + (o >= k->nops ? c * k->acc_slot[o - k->nops] : 0);
         const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
+        for (int a = 0; a < k->nacc; a++)  /* the chunk's partials start at zero, in cache */
+            if (k->acc_slot[a] <= OPK_ZERO_ROWS) memset(b[k->nops + a], 0, (size_t)k->acc_slot[a]);
         failed |= opk_walk(c * OPK_ACC_CHUNK, stop, g, b, k);
     }
     return failed ? -1 : 0;
 }
 
+/* The kernel as one call runs it: the results of a small call are not streamed (whoever reads
+ * them next finds them in cache). */
+static inline opk_kernel opk_for_call(const opk_kernel *k, Py_ssize_t total)
+{
+    opk_kernel c = *k;
+    c.stream = k->stream && total >= OPK_STREAM_MIN;
+    return c;
+}
+
 /* A kernel over a geometry, split statically over threads; -1: out of memory. */
-static int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *k, int available,
+static int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *kernel, int available,
                    Py_ssize_t threshold, int max_threads)
 {
     const Py_ssize_t units = opk_units(g), nd = g[OPK_G_NDIM];
     Py_ssize_t total = 1;
     for (Py_ssize_t d = 0; d < nd; d++) total *= g[OPK_G_SHAPE + d];
+    const opk_kernel call = opk_for_call(kernel, total), *k = &call;
     const int nt = opk_threads(total, available, threshold, max_threads);
     int failed = 0;
     if (k->nacc > 0) return opk_run_chunks(total, g, base, k, nt);
@@ -1083,8 +1260,9 @@ static int opk_flat_part(Py_ssize_t s, Py_ssize_t e, char **ptr, const Py_ssize_
 /* The direct call: n elements of contiguous operands (step bytes apart, storage codes code);
  * a small call never opens a parallel region. */
 static int opk_run_flat(Py_ssize_t n, char **ptr, const Py_ssize_t *step, const int *code,
-                        const opk_kernel *k, int available, Py_ssize_t threshold, int max_threads)
+                        const opk_kernel *kernel, int available, Py_ssize_t threshold, int max_threads)
 {
+    const opk_kernel call = opk_for_call(kernel, n), *k = &call;
     const int nt = opk_threads(n, available, threshold, max_threads);
     int failed = 0;
     if (nt <= 1) return opk_flat_part(0, n, ptr, step, code, k);

@@ -15,6 +15,7 @@ cdef extern from "opkit_kernel.h" nogil:
     ctypedef int64_t* opk_lp
     ctypedef const int64_t* opk_clp
     ctypedef void (*opk_tile_fn)(Py_ssize_t, char* const*, const void*) noexcept nogil
+    ctypedef void (*opk_htile_fn)(Py_ssize_t, char* const*, const void*, int) noexcept nogil
     ctypedef void (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
     enum: OPK_MAXACC
     enum: OPK_HBLOCK
@@ -28,10 +29,12 @@ cdef extern from "opkit_kernel.h" nogil:
         int stream
         int nacc
         int acc_src[OPK_MAXACC]
-        Py_ssize_t acc_slot
-        opk_tile_fn htile
-        opk_tile_fn htile_f
+        Py_ssize_t acc_slot[OPK_MAXACC]
+        opk_htile_fn htile
+        opk_htile_fn htile_f
         uint64_t discard
+    void opk_h2f_full(float* d, const uint16_t* s)
+    void opk_f2h_full(uint16_t* d, const float* s, int stream)
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
     void opk_f2h_contig(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
@@ -42,6 +45,8 @@ cdef extern from "opkit_kernel.h" nogil:
     bint opk_vanishes_f(double v)
     int opk_run(const Py_ssize_t* g, char** base, const opk_kernel* k, int available,
                 Py_ssize_t threshold, int max_threads)
+    void opk_fold_partials(const double* p, Py_ssize_t nchunks, Py_ssize_t K, int lanes, double* out,
+                           int nt)
     int opk_run_flat(Py_ssize_t n, char** ptr, const Py_ssize_t* step, const int* code,
                      const opk_kernel* k, int available, Py_ssize_t threshold, int max_threads)
 
@@ -52,21 +57,25 @@ cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row
     cdef opk_kernel k
     k.tile, k.rows, k.row_masks, k.ctx = tile, rows, row_masks, ctx
     k.nin, k.nops, k.ccode, k.tile_len, k.stream = nin, nops, ccode, tile_len, stream
-    k.nacc, k.acc_slot, k.htile, k.htile_f, k.discard = 0, 0, NULL, NULL, 0
+    k.nacc, k.htile, k.htile_f, k.discard = 0, NULL, NULL, 0
     return k
 
 
-cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, Py_ssize_t slot) except -1:
+cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple slots) except -1:
     """Sums folded into the kernel's pass: `sources` are the operand indexes of the outputs
-    they add up; their partial sums follow the outputs in the operands, `slot` bytes a chunk."""
+    they add up; their partial sums follow the outputs in the operands, each `slots[a]` bytes
+    a chunk."""
     cdef int a
     if len(sources) > OPK_MAXACC:
         raise ValueError(f"opkit: at most {OPK_MAXACC} sums fold into one kernel")
+    if len(slots) != len(sources):
+        raise ValueError("opkit: a folded sum without its partial sums' chunk stride")
     for a in range(len(sources)):
         if not k.nin <= sources[a] < k.nops:
             raise ValueError("opkit: a folded sum adds up an operand that is not an output")
         k.acc_src[a] = sources[a]
-    k.nacc, k.acc_slot = len(sources), slot
+        k.acc_slot[a] = slots[a]
+    k.nacc = len(sources)
     return 0
 
 
@@ -101,3 +110,18 @@ cdef inline bint opk_like(object a, cnp.ndarray a0):
         cnp.PyArray_NDIM(<cnp.ndarray>a) == cnp.PyArray_NDIM(a0) and \
         cnp.PyArray_CompareLists(cnp.PyArray_DIMS(<cnp.ndarray>a), cnp.PyArray_DIMS(a0),
                                  cnp.PyArray_NDIM(a0))
+
+
+cdef inline int opk_fold_arrays(cnp.ndarray partial, cnp.ndarray out, int lanes, int nthreads) except -1:
+    """A folded sum's partials (float64, C order: chunks, the sum's elements, lanes) added up into
+    out (float64, C order)."""
+    cdef Py_ssize_t nchunks = cnp.PyArray_DIM(partial, 0) if cnp.PyArray_NDIM(partial) else 0
+    cdef Py_ssize_t k = cnp.PyArray_SIZE(out)
+    if (cnp.PyArray_TYPE(partial) != cnp.NPY_DOUBLE or cnp.PyArray_TYPE(out) != cnp.NPY_DOUBLE
+            or not cnp.PyArray_ISCARRAY_RO(partial) or not cnp.PyArray_ISCARRAY(out)
+            or lanes not in (1, 8) or cnp.PyArray_SIZE(partial) != nchunks * k * lanes):
+        raise ValueError("opkit: partial sums do not match the sum they add up to")
+    with nogil:
+        opk_fold_partials(<const double*>cnp.PyArray_DATA(partial), nchunks, k, lanes,
+                          <double*>cnp.PyArray_DATA(out), nthreads)
+    return 0

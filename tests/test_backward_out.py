@@ -74,3 +74,25 @@ def test_an_input_without_gradient_takes_none():
     if lr is not None:  # optional tensor inputs that were not given take no gradient
         with pytest.raises(ValueError, match="must be None"):
             lr.backward(np.ones(3), np.ones(3), out=(None, np.ones(3), None))
+
+
+def test_a_gradient_into_a_given_array_is_written_as_into_warm_memory(monkeypatch):
+    """dx = sum_to(tmp, x) is an identity here: the kernel writes the caller's array itself, so
+    it is told so (long runs are then streamed, not read for ownership first)."""
+    from opkit.runtime.execute import Executor
+    seen = []
+    original = Executor._kernel
+
+    def spy(self, k, env, bound, module, tag, warm, *rest, **kw):
+        seen.append(warm)
+        return original(self, k, env, bound, module, tag, warm, *rest, **kw)
+
+    monkeypatch.setattr(Executor, "_kernel", spy)
+    op = opkit.get("leaky_relu")
+    x = np.random.default_rng(3).standard_normal(100).astype(np.float16)
+    op.backward(x, x, layout="ND")  # (a layout named: the checked path, not the direct call)
+    assert seen == [False]
+    dx = np.empty_like(x)
+    op.backward(x, x, out=(dx,))
+    assert seen == [False, True]
+    np.testing.assert_array_equal(dx, op.backward(x, x)[0])

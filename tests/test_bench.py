@@ -81,3 +81,43 @@ def test_the_torch_column_computes_what_opkit_does(name, layout):
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g.numpy().reshape(e.shape), e, rtol=1e-12, atol=1e-14)
+
+
+def test_a_contender_slower_than_a_fifth_of_the_budget_is_timed_once():
+    import time
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.03)
+    rounds = {}
+    t = bench.timed({"fast": fast, "slow": slow}, 7, rounds=rounds, budget=0.1)
+    assert calls["slow"] == 2          # one warm-up call, one timed call
+    first = bench.timed({"slow": slow, "fast": fast}, 7, budget=0.1)   # the first never is
+    assert calls["slow"] == 2 + 3 + 5 and set(first) == {"slow", "fast"}
+    assert len(rounds["slow"]) == 1 and len(rounds["fast"]) >= 5 and t["slow"] >= 0.03
+    row = bench.Row("c", "op", "forward", "float32", (4,), 32, t, rounds)
+    assert row.ratio("slow", "fast") == t["slow"] / t["fast"]   # medians, not rounds
+
+
+def test_all_goes_on_past_a_refused_case_and_predicts_numpys_time(monkeypatch):
+    """A case the operator refuses is noted and left out; NumPy's column is left out where its
+    time per element at the smaller size says one call would exceed the budget."""
+    real = bench._generic_row
+
+    def refuse_nhwc(name, layout, *args, **kw):
+        if layout == "NHWC":
+            raise ValueError("no NHWC today")
+        return real(name, layout, *args, **kw)
+    monkeypatch.setattr(bench, "_generic_row", refuse_nhwc)
+    notes = []
+    monkeypatch.setattr(bench, "NUMPY_LIMIT", 1e-7)
+    rows = bench.generic_rows(["leaky_relu"], [8192, 4096], ["float32"], ["ND", "NHWC"], ["forward"],
+                              3, np.random.default_rng(0), budget=0.01, notes=notes)
+    assert [r.case for r in rows] == ["leaky_relu forward ND 4K", "leaky_relu forward ND 8K"]
+    assert "numpy" in rows[0].seconds and "numpy" not in rows[1].seconds
+    assert any(n.startswith("leaky_relu forward ND 8K float32: NumPy's column left out") for n in notes)
+    assert "leaky_relu forward NHWC 4K float32: skipped: no NHWC today" in notes

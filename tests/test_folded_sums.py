@@ -169,3 +169,75 @@ def test_a_per_pixel_slope_over_channels(dtype):
         np.testing.assert_allclose(dx, np.where(xd > 0, dyd, ad * dyd), rtol=2e-3, atol=2e-3)
         expected = np.where(xd > 0, 0.0, dyd * xd).sum(axis=3, keepdims=True)
         np.testing.assert_allclose(da, expected, rtol=5e-3, atol=5e-3 * np.sqrt(c))
+
+
+def _offset(like, k):
+    """An array like `like`, k elements into a bigger buffer: its first 64-byte line comes
+    after a head of elements, so the float16 path streams from there."""
+    raw = np.empty(like.size + 64, like.dtype)
+    return raw[k:k + like.size].reshape(like.shape)
+
+
+@pytest.mark.parametrize("layout, c", [("NCHW", 3), ("NCHW", 64), ("NHWC", 64), ("NHWC", 70), ("NHWC", 5)])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_vectorized_sums_add_the_same_numbers_as_the_portable_build(layout, c, dtype):
+    """The sums the native build adds in vector registers (eight lanes, rows of channels kept in
+    registers across rows) are bitwise those of the portable build's plain C loops, for any
+    thread count, with the gradient streamed into given arrays after a head of elements."""
+    op = opkit.get("fused_bias_leaky_relu")
+    shape = _image(3 * SUM_CHUNK + 4321, c, layout)
+    rng = np.random.default_rng(c)
+    x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    b = rng.standard_normal(c).astype(dtype)
+    results = []
+    for isa, threads, k in (("portable", 1, 0), ("native", 1, 0), ("native", 2, 3), ("native", 3, 17)):
+        out = (_offset(x, k), np.empty_like(b))
+        with opkit.config(isa=isa, num_threads=threads):
+            results.append(op.backward(dy, x, b, layout=layout, out=out))
+    for dx, db in results[1:]:
+        assert np.array_equal(dx, results[0][0]) and np.array_equal(db, results[0][1])
+    g, gb = _fused_bias_reference(x, b, dy, layout)
+    tol = 3e-3 if dtype == "float16" else 1e-5
+    np.testing.assert_allclose(results[0][1], gb, rtol=tol, atol=tol * np.sqrt(x.size))
+    np.testing.assert_allclose(results[0][0], g, rtol=tol, atol=tol)
+
+
+def test_sums_of_different_sizes_in_one_kernel(tmp_path):
+    """Each folded sum's partials move on by their own chunk stride: a sum over C and one over H
+    of the same terms fold into one kernel, and both are right."""
+    path = write_op(tmp_path, "name: folded_sizes_probe\n"
+                              "inputs:\n  x: {dtypes: [float32, float64], layouts: [NCHW]}\n"
+                              "outputs:\n  s0: {}\n  s1: {}\n"
+                              "forward:\n  s0: sum(x * 1.5, C)\n  s1: sum(x * 2.5, H)\n")
+    opkit.load(path)
+    op = opkit.get("folded_sizes_probe")
+    assert [len(k.sums) for k in op.lowered().forward.steps if isinstance(k, Kernel)] == [2]
+    x = np.random.default_rng(7).standard_normal((3, 4, 130, 170))   # several chunks
+    for threads in (1, 2):
+        with opkit.config(num_threads=threads):
+            s0, s1 = op(x, layout="NCHW")
+        np.testing.assert_allclose(s0, (x * 1.5).sum(axis=1), rtol=1e-12)
+        np.testing.assert_allclose(s1, (x * 2.5).sum(axis=2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("c", [8, 64])
+def test_partials_start_at_zero_call_after_call(c):
+    """Chunks' partials of a few channels are zeroed by the kernel (their memory is reused from
+    call to call); a sum per pixel (long rows of partials) is zeroed by its allocation: both
+    give the same sums on every call, several chunks each."""
+    op = opkit.get("spatial_leaky_relu")
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((2, 64, 64, c))
+    dy = rng.standard_normal(x.shape)
+    amap = rng.uniform(0.1, 0.3, (2, 64, 64, 1))
+    fb = opkit.get("fused_bias_leaky_relu")
+    b = rng.standard_normal(c)
+    first = op.backward(dy, x, amap, layout="NHWC"), fb.backward(dy, x, b, layout="NHWC")
+    for _ in range(3):
+        again = op.backward(dy, x, amap, layout="NHWC"), fb.backward(dy, x, b, layout="NHWC")
+        for got, want in zip(again, first):
+            assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    expected = np.where(x > 0, 0.0, dy * x).sum(axis=3, keepdims=True)
+    np.testing.assert_allclose(first[0][1], expected, rtol=1e-12, atol=1e-12)
+    g, gb = _fused_bias_reference(x, b, dy, "NHWC")
+    np.testing.assert_allclose(first[1][1], gb, rtol=1e-12)

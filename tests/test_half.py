@@ -68,3 +68,87 @@ def test_half_strided_and_converted_paths(op, isa):
     want = np.where(view > 0, view, (np.float32(0.5) * view.astype(np.float32)).astype(np.float16))
     np.testing.assert_array_equal(y, want)
     np.testing.assert_array_equal(out, want)
+
+
+def _half_forward(x, alpha):
+    """leaky_relu of float16 as the kernel computes it: in float32, rounded once on store."""
+    xf = x.astype(np.float32)
+    return np.where(xf > 0, xf, np.float32(alpha) * xf).astype(np.float16)
+
+
+def _half_backward(dy, x, alpha, clip=None):
+    xf, g = x.astype(np.float32), dy.astype(np.float32)
+    dx = np.where(xf > 0, g, g * np.float32(alpha))
+    if clip is not None:  # NaN stays NaN
+        dx = np.where(dx < -clip, np.float32(-clip), np.where(dx > clip, np.float32(clip), dx))
+    return dx.astype(np.float16)
+
+
+def _assert_same_bits(got, want):
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def _aligned_at(n, offset):
+    """A float16 array of n elements starting `offset` elements after a 64-byte line: its
+    first whole line comes after a head of elements."""
+    raw = np.zeros(2 * n + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + 2 * offset
+    return raw[start:start + 2 * n].view(np.float16)
+
+
+# whole blocks of 64, the partial last one; runs that stream (at least 65536 elements a thread,
+# into memory the caller gave) after a head, ending in a partial block
+BLOCK_SIZES = [1, 63, 64, 65, 127, 128, 129, 1000]
+STREAM_SIZES = [2 * 65536 + 37, 3 * 65536 + 64]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n", BLOCK_SIZES + STREAM_SIZES)
+def test_half_blocks_and_streamed_runs_are_exact(op, isa, n):
+    """Every float16 element loop path gives the float32 result rounded once: whole and partial
+    blocks, outputs streamed from their first whole 64-byte line on (a head of 0, 1, 31 or 32
+    elements before it), on one thread and two."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float16)
+    dy = (rng.standard_normal(n) * 4).astype(np.float16)
+    if n >= 5:
+        x[:3] = [0.0, -0.0, np.nan]
+        dy[-2:] = [np.inf, -np.inf]
+    want_y, want_dx = _half_forward(x, 0.3), _half_backward(dy, x, 0.3)
+    want_clipped = _half_backward(dy, x, 0.3, clip=0.5)
+    for threads in (1, 2):
+        with opkit.config(isa=isa, num_threads=threads):
+            _assert_same_bits(op(x, alpha=0.3), want_y)
+            _assert_same_bits(op.backward(dy, x, alpha=0.3)[0], want_dx)
+            for offset in (0, 1, 31, 32):
+                y, dx = _aligned_at(n, offset), _aligned_at(n, offset)
+                op(x, alpha=0.3, out=y)
+                _assert_same_bits(y, want_y)
+                op.backward(dy, x, alpha=0.3, out=(dx,))
+                _assert_same_bits(dx, want_dx)
+                op.backward(dy, x, alpha=0.3, clip=0.5, out=(dx,))
+                _assert_same_bits(dx, want_clipped)
+
+
+@pytest.mark.parametrize("n", [65, 2 * 65536 + 37])
+def test_half_outputs_on_odd_addresses(op, n):
+    """An output that cannot be streamed (its elements are not 2-byte aligned) is written as is."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(n).astype(np.float16)
+    raw = np.zeros(2 * n + 1, np.uint8)
+    y = np.frombuffer(raw.data, np.float16, n, offset=1)
+    assert not y.flags.aligned
+    op(x, alpha=0.3, out=y)
+    _assert_same_bits(y, _half_forward(x, 0.3))
+
+
+@pytest.mark.parametrize("n", [63, 64, 65, 2 * 65536 + 37])
+def test_half_strided_inputs_into_a_streamed_output(op, n):
+    """Non-contiguous float16 inputs are converted in tiles; the output still takes every value."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(3 * n).astype(np.float16)[::3]
+    dy = rng.standard_normal((n, 2)).astype(np.float16)[:, 1]
+    dx = _aligned_at(n, 5)
+    op.backward(dy, x, alpha=0.3, out=(dx,))
+    _assert_same_bits(dx, _half_backward(dy, x, 0.3))

@@ -111,3 +111,27 @@ def test_short_rows_with_a_value_per_row(dtype, c, threads):
         rows = rng.uniform(0, 1, (3, 37, 1, 1)).astype(dtype)
         want = np.where(x > 0, x, (rows.astype(ct) * x.astype(ct)).astype(dtype))
         np.testing.assert_array_equal(sp(x, rows, layout="NHWC"), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("hw", [(1, 7), (13, 17), (300, 301)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_long_rows_with_a_value_per_row(dtype, hw, threads):
+    """NCHW with a slope per channel: one value per row of H x W, taken as a scalar by the row
+    loop over the whole run (in place, also into given memory large enough to be streamed);
+    thread ranges start and end inside rows."""
+    sp = opkit.get("spatial_leaky_relu")
+    rng = np.random.default_rng(hw[0])
+    x = rng.standard_normal((2, 3) + hw).astype(dtype)
+    amap = rng.uniform(0, 1, (2, 3, 1, 1)).astype(dtype)
+    ct = np.float64 if dtype == np.float64 else np.float32
+    want = np.where(x > 0, x, (amap.astype(ct) * x.astype(ct)).astype(dtype))
+    with opkit.config(num_threads=threads):
+        np.testing.assert_array_equal(sp(x, amap, layout="NCHW"), want)
+        out = np.full_like(x, np.nan)
+        sp(x, amap, layout="NCHW", out=out)
+        np.testing.assert_array_equal(out, want)
+        buf = np.full((2, 3) + (hw[0], 2 * hw[1]), np.nan, dtype)   # strided rows: tiles
+        sp(x, amap, layout="NCHW", out=buf[..., ::2])
+        np.testing.assert_array_equal(buf[..., ::2], want)
+        assert np.isnan(buf[..., 1::2]).all()

@@ -24,7 +24,7 @@ from ..backend import blas
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, Lowered, Reg, Schedule,
                      compute_dtype, cost, listing, quantized)
 from ..lower.fuse import MAX_OPERANDS
-from ..lower.reduce import MAX_SUMS, SUM_CHUNK
+from ..lower.reduce import MAX_SUMS, SUM_CHUNK, ZERO_ROWS
 from ..lower.integer import fixed_point_factor
 from ..quantize import M_LIMIT
 from ..spec.model import OpSpec
@@ -188,9 +188,11 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             lines += [line + where for line in _statements(ins, args, ct.libm, str(ins.dst))]
     for i, res in enumerate(kernel.results):
         r = _operand(res, ct)
-        if clip:  # gradient clipping on store: clamp to [lo, hi]; NaN compares false and stays
-            # NaN (each select is one max/min instruction, as x86's maxps/minps order them)
-            lines += [f"c{i} = (lo{i} if lo{i} > {r} else {r})", f"q{i}[j] = (hi{i} if c{i} > hi{i} else c{i})"]
+        if clip:
+            # gradient clipping on store: clamp to [lo, hi] (never NaN), one select each. An
+            # ordered comparison is false for NaN, so NaN stays NaN; gcc compiles each select
+            # to one max or min (tests of x != x made it a chain of a dozen ops per vector)
+            lines += [f"c{i} = (lo{i} if {r} < lo{i} else {r})", f"q{i}[j] = (hi{i} if c{i} > hi{i} else c{i})"]
         else:
             lines.append(f"q{i}[j] = {r}")
     return lines
@@ -508,7 +510,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         directs=directs, codes={CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()},
-        max_operands=MAX_OPERANDS, max_sums=MAX_SUMS, sum_chunk=SUM_CHUNK, fused=fused,
+        max_operands=MAX_OPERANDS, max_sums=MAX_SUMS, sum_chunk=SUM_CHUNK, zero_rows=ZERO_ROWS, fused=fused,
         blas=_printable(lib.describe()) if lib is not None else "")
 
 

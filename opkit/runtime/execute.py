@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -13,7 +14,7 @@ from ..dsl import named
 from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
 from ..lower.epilogue import physical
-from ..lower.reduce import SUM_CHUNK
+from ..lower.reduce import SUM_CHUNK, ZERO_ROWS
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides
@@ -206,19 +207,24 @@ class Executor:
             sources = {c.args[0] for c in summed}
             later = [v for v, c in zip(step.outputs, clips) if v in sources and c[0] != -np.inf]
             clips = tuple((-np.inf, np.inf) if v in sources else c for v, c in zip(step.outputs, clips))
-        self._kernel(step, env, bound, st.module, st.tag,
-                     any(v in st.out_arrays for v in step.outputs), clips,
+        self._kernel(step, env, bound, st.module, st.tag, self._writes_given(step, st), clips,
                      [(step.outputs.index(c.args[0]), partial) for c, partial in zip(summed, sums)],
                      discard)
         for v in later:
             np.clip(env[v][0], -clip, clip, out=env[v][0])
         for c, (partial, names) in zip(summed, sums):
-            if partial.ndim > len(names) + 1:  # eight lanes a sum, added pairwise as the C side does
-                partial = partial[..., 0::2] + partial[..., 1::2]
-                partial = partial[..., 0::2] + partial[..., 1::2]
-                partial = partial[..., 0] + partial[..., 1]
-            self._put(c.result, (partial.sum(axis=0).astype(st.temp_dtype), names), env,
+            lanes = 8 if partial.ndim > len(names) + 1 else 1
+            total = np.empty(partial.shape[1:partial.ndim - (lanes > 1)])
+            st.module.fold_partials(partial, total, lanes, setting("num_threads"))
+            self._put(c.result, (total.astype(st.temp_dtype), names), env,
                       out_dtypes, like, clip, st.temp_dtype, st.final)
+
+    @staticmethod
+    def _writes_given(k: Kernel, st: "_State") -> bool:
+        """Whether the kernel writes memory the caller gave (out=), its own output or a temp that
+        lands in one (an identity sum_to): long runs are then streamed."""
+        given = {id(a) for a in st.out_arrays.values()}
+        return any(id(st.env[v][0]) in given for v in k.outputs)
 
     def _lanes(self, k: Kernel, env: Dict[Value, Array], calls: List[LibCall]) -> List[bool]:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
@@ -253,9 +259,11 @@ class Executor:
     @staticmethod
     def _partials(calls: List[LibCall], env: Dict[Value, Array], values, total: int,
                   lanes: List[bool]) -> List[Array]:
-        """Zeroed float64 partial sums for folded sums: one row per chunk of SUM_CHUNK elements
-        (at least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and
-        eight lanes each where `lanes` says."""
+        """float64 partial sums for folded sums: one row per chunk of SUM_CHUNK elements (at
+        least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and eight
+        lanes each where `lanes` says. The kernel zeroes a chunk's rows of up to ZERO_ROWS bytes
+        as it starts the chunk; longer ones (and the one row of a call with no elements, which
+        runs no kernel) are zeroed here, lazily by the allocation."""
         out = []
         rows = (max(-(-total // SUM_CHUNK), 1),)
         for c, lane in zip(calls, lanes):
@@ -266,7 +274,9 @@ class Executor:
                 arr, arr_names = env[c.args[0]]
                 names = tuple(n for n in arr_names if n in c.params[0])
                 shape = tuple(arr.shape[arr_names.index(n)] for n in names)
-            out.append((np.zeros(rows + shape + ((8,) if lane else ())), names))
+            row = shape + ((8,) if lane else ())
+            small = 8 * math.prod(row) <= ZERO_ROWS
+            out.append(((np.empty if total and small else np.zeros)(rows + row), names))
         return out
 
     def _fused(self, step: Fused, st: "_State") -> bool:
@@ -381,7 +391,8 @@ class Executor:
         extra = {}
         if sums:
             extra = {"sums": tuple(len(k.inputs) + i for i, _ in sums),
-                     "sum_slot": sums[0][1][0].strides[0], "discard": discard}
+                     "sum_slots": tuple(partial.strides[0] for _, (partial, _) in sums),
+                     "discard": discard}
         fn(*args, clips, **extra) if clips is not None else fn(*args, **extra)
 
     def _geometry(self, k: Kernel, operands, iter_names, iter_shape, ccode: int,
