@@ -383,17 +383,28 @@ def _windows(x: np.ndarray, kh: int, kw: int, stride: int, padding: int, oh: int
     return win[:, :, ::stride, ::stride][:, :, :oh, :ow]
 
 
-def _im2col(image: np.ndarray, kh: int, kw: int, stride: int, padding: int, oh: int, ow: int,
+# images convolved in one GEMM: as many as keep their receptive-field matrix under this many
+# bytes (one GEMM a batch instead of one a tiny image; the matrix stays a bounded temporary)
+IM2COL_BYTES = 32 << 20
+
+
+def _im2col(images: np.ndarray, kh: int, kw: int, stride: int, padding: int, oh: int, ow: int,
             dtype) -> np.ndarray:
-    """One image's (C, H, W) receptive fields as a (C * KH * KW, OH * OW) matrix."""
-    c = image.shape[0]
-    cols = _windows(image[None], kh, kw, stride, padding, oh, ow)[0]    # C, OH, OW, KH, KW
-    return cols.transpose(0, 3, 4, 1, 2).reshape(c * kh * kw, oh * ow).astype(dtype, copy=False)
+    """Images (B, C, H, W): their receptive fields as a (C * KH * KW, B * OH * OW) matrix."""
+    b, c = images.shape[:2]
+    cols = _windows(images, kh, kw, stride, padding, oh, ow)    # B, C, OH, OW, KH, KW
+    return cols.transpose(1, 4, 5, 0, 2, 3).reshape(c * kh * kw, b * oh * ow).astype(dtype, copy=False)
+
+
+def _batches(n: int, c: int, kh: int, kw: int, oh: int, ow: int, itemsize: int):
+    """Slices of the N images, each small enough for one receptive-field matrix."""
+    per = max(1, IM2COL_BYTES // max(1, c * kh * kw * oh * ow * itemsize))
+    return [slice(i, min(n, i + per)) for i in range(0, n, per)]
 
 
 def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dtype=None) -> np.ndarray:
     """y[n, o, i, j] = sum over c, p, q of x[n, c, i*s - pad + p, j*s - pad + q] * w[o, c, p, q],
-    x (N, C, H, W) and w (O, C, KH, KW): NumPy, one image at a time (im2col and a product)."""
+    x (N, C, H, W) and w (O, C, KH, KW): NumPy, im2col and one product per batch of images."""
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     oh, ow = conv_size(h, kh, stride, padding), conv_size(wd, kw, stride, padding)
@@ -401,8 +412,9 @@ def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dtype=No
     out = np.empty((n, o, oh, ow), dtype=dtype)
     wmat = w.reshape(o, -1).astype(dtype, copy=False)
     with np.errstate(invalid="ignore", over="ignore"):  # a NaN or inf input spreads, as it should
-        for i in range(n):
-            out[i] = (wmat @ _im2col(x[i], kh, kw, stride, padding, oh, ow, dtype)).reshape(o, oh, ow)
+        for part in _batches(n, c, kh, kw, oh, ow, np.dtype(dtype).itemsize):
+            y = wmat @ _im2col(x[part], kh, kw, stride, padding, oh, ow, dtype)   # O, B*OH*OW
+            out[part] = y.reshape(o, -1, oh, ow).transpose(1, 0, 2, 3)
     return out
 
 
@@ -426,14 +438,15 @@ def conv2d_dx_ref(g: np.ndarray, w: np.ndarray, stride: int, padding: int, h: in
 def conv2d_dw_ref(x: np.ndarray, g: np.ndarray, stride: int, padding: int, kh: int, kw: int,
                   dtype=None) -> np.ndarray:
     """The gradient with respect to w of conv2d: the correlation of x with g, (O, C, KH, KW),
-    summed image by image (g's rows times the image's receptive fields)."""
+    summed batch by batch of images (g's rows times the images' receptive fields)."""
     n, c, h, wd = x.shape
     _, o, oh, ow = g.shape
     dtype = np.result_type(x, g) if dtype is None else dtype
     out = np.zeros((o, c * kh * kw), dtype=dtype)
-    for i in range(n):
-        cols = _im2col(x[i], kh, kw, stride, padding, oh, ow, dtype)
-        out += g[i].reshape(o, oh * ow).astype(dtype, copy=False) @ cols.T
+    for part in _batches(n, c, kh, kw, oh, ow, np.dtype(dtype).itemsize):
+        cols = _im2col(x[part], kh, kw, stride, padding, oh, ow, dtype)          # CKK, B*OH*OW
+        gmat = g[part].astype(dtype, copy=False).transpose(1, 0, 2, 3).reshape(o, -1)
+        out += gmat @ cols.T
     return out.reshape(o, c, kh, kw)
 
 
