@@ -255,7 +255,11 @@ def test_timeout_kills_the_whole_group(tmp_path):
 @LINUX_PROC
 def test_keyboard_interrupt_kills_the_whole_group(tmp_path):
     cmd, pidfile = _background_command(tmp_path)
+    # the child takes Ctrl-C as an interactive Python does, whatever disposition of SIGINT this
+    # process passes on (an ignored signal stays ignored across exec)
     script = textwrap.dedent(f"""\
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from pathlib import Path
         from opkit.builder.compile import _run
         try:
