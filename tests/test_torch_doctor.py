@@ -71,7 +71,7 @@ def test_an_optimized_model_has_nothing_to_do():
     r = rows(opkit.torch.doctor(model, x, repeat=2))
     assert r["α quantized"].ok and r["α quantized"].advice == "all 1 slopes are m/128"
     assert r["fused opkit_fused.0"].ok
-    assert r["fused opkit_fused.0"].advice == "conv2d_bias_leaky_relu (0 -> LeakyReLU)"
+    assert r["fused opkit_fused.0"].advice == "conv2d + leaky_relu (0 -> LeakyReLU)"
     # (C = 1: a channels_last tensor is contiguous both ways, so it reads as NCHW)
     assert r["input contiguous"].ok
 

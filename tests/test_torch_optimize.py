@@ -87,12 +87,18 @@ def test_report_fuses_the_three_chains_and_keeps_the_state_dict(x):
     opt, report = optimize(model, None, x)
     assert [(e.node, e.fused, e.chain) for e in report] == [
         ("1", True, ("0",)), ("4", True, ("2", "3")), ("7", True, ("5", "6"))]
-    assert [e.operator.split()[0] for e in report] == [
-        "conv2d_bias_leaky_relu", "conv2d_bn_leaky_relu", "conv2d_bn_leaky_relu"]
+    # conv="auto": PyTorch's convolution, opkit's slope; the report says so
     assert str(report).splitlines() == [
-        "1: fused 0 -> LeakyReLU into conv2d_bias_leaky_relu",
-        "4: fused 2 -> 3 -> LeakyReLU into conv2d_bn_leaky_relu (training: conv2d_bn_train_leaky_relu)",
-        "7: fused 5 -> 6 -> LeakyReLU into conv2d_bn_leaky_relu (training: conv2d_bn_train_leaky_relu)"]
+        "1: fused 0 -> LeakyReLU into conv2d + leaky_relu",
+        "4: fused 2 -> 3 -> LeakyReLU into conv2d (batch norm folded in) + leaky_relu (training: "
+        "conv2d + batch_norm + leaky_relu)",
+        "7: fused 5 -> 6 -> LeakyReLU into conv2d (batch norm folded in) + leaky_relu (training: "
+        "conv2d + batch_norm + leaky_relu)"]
+    _, on_opkit = optimize(model, {"conv": "opkit"}, x)
+    assert [e.operator for e in on_opkit] == [
+        "conv2d_bias_leaky_relu",
+        "conv2d_bn_leaky_relu (training: conv2d_bn_train_leaky_relu)",
+        "conv2d_bn_leaky_relu (training: conv2d_bn_train_leaky_relu)"]
     assert sum(isinstance(m, FusedConvLeakyReLU) for m in opt.modules()) == 3
     called = [n.target for n in opt.graph.nodes if n.op == "call_module"]
     assert not any(isinstance(opt.get_submodule(t), (nn.Conv2d, nn.LeakyReLU, nn.BatchNorm2d))

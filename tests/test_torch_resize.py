@@ -61,7 +61,7 @@ def test_finite_difference_gradients():
     (nn.Conv2d(2, 2, 3, padding=0), r"padding=\(0, 0\) with kernel_size=\(3, 3\)"),
     (nn.Conv2d(2, 2, 2, padding=1), r"padding=\(1, 1\) with kernel_size=\(2, 2\)"),
     (nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"), r"padding_mode='reflect'"),
-    (nn.ConvTranspose2d(2, 2, 3), r"not an nn.Conv2d"),
+    (nn.ConvTranspose2d(2, 2, 3), r"the consumer is a ConvTranspose2d, not an nn.Conv2d"),
 ])
 def test_what_cannot_be_folded_says_why(conv, reason):
     with pytest.raises(ValueError, match=reason):

@@ -136,7 +136,12 @@ def _sum(em, node, args, ctx) -> Val:
     axes = [i for i, n in enumerate(val.names) if n not in keep]
     if not axes:
         return val
-    return Val(em.op("ReduceSum", val.ref, em.ints(axes), keepdims=0),
+    return _reduced(em, "ReduceSum", val, axes, keep)
+
+
+def _reduced(em, op: str, val: Val, axes, keep) -> Val:
+    """ReduceSum / ReduceMean of val over `axes`: the dims in `keep` stay, in val's order."""
+    return Val(em.op(op, val.ref, em.ints(axes), keepdims=0),
                tuple(n for n in val.names if n in keep))
 
 
@@ -218,8 +223,7 @@ def _mean(em, node, args, ctx) -> Val:
     axes = _mean_axes(val, keep)
     if not axes:  # constant along every dim it averages: the mean is itself
         return val
-    return Val(em.op("ReduceMean", val.ref, em.ints(axes), keepdims=0),
-               tuple(n for n in val.names if n in keep))
+    return _reduced(em, "ReduceMean", val, axes, keep)
 
 
 @onnx_lowering("share")

@@ -81,10 +81,26 @@ class FusedConvLeakyReLU(nn.Module):
 
     @property
     def operator(self) -> str:
-        """The opkit operator the current mode runs (with conv="opkit")."""
+        """What the current mode runs: an opkit fused operator (conv="opkit"), or PyTorch's
+        convolution and opkit's leaky_relu (conv="torch")."""
+        training = self._bn.training if self._bn is not None else self.training
+        return self.runs(training)
+
+    def runs(self, training: bool) -> str:
+        """What a call in training or in eval runs, in words for reports."""
+        if (self.train_conv if training else self.eval_conv) == "torch":
+            if self._bn is None:
+                return "conv2d + leaky_relu"
+            return "conv2d + batch_norm + leaky_relu" if training else \
+                "conv2d (batch norm folded in) + leaky_relu"
         if self._bn is None:
             return "conv2d_bias_leaky_relu"
-        return "conv2d_bn_train_leaky_relu" if self._bn.training else "conv2d_bn_leaky_relu"
+        return "conv2d_bn_train_leaky_relu" if training else "conv2d_bn_leaky_relu"
+
+    def describe(self) -> str:
+        """What it runs in eval, and in training where that differs."""
+        ev, tr = self.runs(False), self.runs(True)
+        return ev if ev == tr else f"{ev} (training: {tr})"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         training = self._bn.training if self._bn is not None else self.training

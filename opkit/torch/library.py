@@ -216,18 +216,21 @@ class Entry:
     def _tensor(arr: np.ndarray, nhwc: bool) -> torch.Tensor:
         return torch.from_numpy(arr.transpose(0, 3, 1, 2) if nhwc else arr)
 
+    def _plain(self, args, kwargs, allowed):
+        """(NumPy views of the leading tensors, NHWC or not, attrs) for a plain call, or None."""
+        found = self._plain_arrays(args[:len(allowed)], allowed)
+        attrs = self._plain_attrs(args[len(allowed):], kwargs) if found is not None else None
+        return None if attrs is None else (*found, attrs)
+
     def _forward_plain(self, args, kwargs):
         """The common call with less code on the way (each call after a large one finds the
         caches cold, so every step shows): dense CPU tensors of the declared dtypes (contiguous,
         or all channels_last), an operator that takes them as they are and gives one result.
         None: take the full path."""
-        found = self._plain_arrays(args[:len(self.allowed)], self.allowed)
+        found = self._plain(args, kwargs, self.allowed)
         if found is None:
             return None
-        arrays, nhwc = found
-        attrs = self._plain_attrs(args[len(self.allowed):], kwargs)
-        if attrs is None:
-            return None
+        arrays, nhwc, attrs = found
         result = self.op(*arrays, **self._mode(), **attrs)
         if any(np.may_share_memory(result, a) for a in arrays):
             return None
@@ -238,13 +241,10 @@ class Entry:
         n = 1 + len(self.allowed)
         if self.n_out != 1 or len(args) < n or args[0] is None or args[0].dtype != args[1].dtype:
             return None
-        found = self._plain_arrays(args[:n], [self.allowed[0]] + self.allowed)
+        found = self._plain(args, kwargs, [self.allowed[0]] + self.allowed)
         if found is None:
             return None
-        arrays, nhwc = found
-        attrs = self._plain_attrs(args[n:], kwargs)
-        if attrs is None:
-            return None
+        arrays, nhwc, attrs = found
         grads = self.op.backward(arrays[0], *arrays[1:], **self._mode(), **attrs)
         outs = []
         for k in self.differentiable:
@@ -256,13 +256,10 @@ class Entry:
     def inplace_plain(self, args, kwargs) -> bool:
         """The in-place call on dense tensors, as _forward_plain; False: not done (take the
         full path)."""
-        found = self._plain_arrays(args[:len(self.allowed)], self.allowed)
+        found = self._plain(args, kwargs, self.allowed)
         if found is None:
             return False
-        arrays, _ = found
-        attrs = self._plain_attrs(args[len(self.allowed):], kwargs)
-        if attrs is None:
-            return False
+        arrays, _, attrs = found
         self.op(*arrays, out=arrays[0], **self._mode(), **attrs)
         return True
 

@@ -305,10 +305,8 @@ def _decide(node: fx.Node, alpha: float, modules) -> _Decision:
     if why:
         return no(_name(conv), why)
     chain = (_name(conv),) + ((_name(bn),) if bn is not None else ())
-    op = "conv2d_bn_leaky_relu" if bn is not None else "conv2d_bias_leaky_relu"
-    if bn is not None:
-        op += " (training: conv2d_bn_train_leaky_relu)"
-    return _Decision(Entry(me, True, _name(conv), operator=op, chain=chain), conv, bn)
+    # (the operator is named once the chain's module says what it runs)
+    return _Decision(Entry(me, True, _name(conv), chain=chain), conv, bn)
 
 
 def _other_users(producer: fx.Node, ours: fx.Node) -> str:
@@ -388,6 +386,7 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
             names=(str(d.conv.target), str(d.bn.target) if d.bn is not None else None),
             precision_mode=config["precision_mode"], eval_conv=eval_conv,
             train_conv=train_conv).train(conv.training)
+        d.entry.operator = fused.describe()
         target = "opkit_fused." + str(d.conv.target).replace(".", "_")
         while target in taken:
             target += "_"

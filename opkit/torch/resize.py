@@ -36,7 +36,7 @@ def scale_factor(up: nn.Module) -> Optional[int]:
 def fold_problem(conv: nn.Module) -> Optional[str]:
     """Why nearest upsampling before `conv` cannot be folded into it (None: it can)."""
     if type(conv) is not nn.Conv2d:
-        return "the consumer is not an nn.Conv2d"
+        return f"the consumer is a {type(conv).__name__}, not an nn.Conv2d"
     if conv.stride != (1, 1):
         return f"stride={conv.stride} (1 needed)"
     if conv.dilation != (1, 1):
