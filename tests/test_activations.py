@@ -447,3 +447,34 @@ def test_clip_matches_torch_clamp(case, dtype):
     assert len(grads) == len(want_grads)
     for got, want in zip(grads, want_grads):
         np.testing.assert_array_equal(got, want)
+
+
+def test_min_max_clamp_against_scalar_bounds_keep_numpys_meaning(tmp_path):
+    """A bound that cannot be NaN (a number, an attr, minus an attr) compiles to one ordered
+    select (one vmax / vmin): NaN in x still propagates, ties keep x's signed zero, lo > hi
+    gives hi, and a bound given as an array keeps the two-sided NaN form."""
+    forward = {"y0": "max(x, 0.0)", "y1": "min(x, -0.0)", "y2": "clamp(x, lo, hi)",
+               "y3": "clamp(x, -hi, hi)", "y4": "max(x, w) + min(w, x)", "y5": "min(x, -lo)"}
+    path = write_op(tmp_path, declaration(
+        forward, inputs=("x", ("w", "{dtypes: [float32, float64]}")),
+        attrs={"lo": "{type: float, default: 0.0}", "hi": "{type: float, default: inf}"},
+        outputs=list(forward)))
+    probe = make_op(path)
+    source = probe.source()
+    assert "(a_lo if a_lo > v" in source and "(a_hi if a_hi < v" in source
+    x = np.array([NAN, -0.0, 0.0, -1.5, 2.5, INF, -INF, 0.25])
+    w = np.array([1.0, 0.0, -0.0, NAN, NAN, 3.0, -3.0, 0.25])
+    for dtype in (np.float32, np.float64):
+        for lo, hi in ((0.0, INF), (-1.0, 2.0), (1.0, -1.0), (-0.0, 0.0)):
+            xs, ws = x.astype(dtype), w.astype(dtype)
+            ys = probe(xs, ws, lo=lo, hi=hi)
+            want = [np.maximum(xs, dtype(0.0)), np.minimum(xs, dtype(-0.0)),
+                    np.minimum(np.maximum(xs, dtype(lo)), dtype(hi)),
+                    np.minimum(np.maximum(xs, dtype(-hi)), dtype(hi)),
+                    np.maximum(xs, ws) + np.minimum(ws, xs), np.minimum(xs, dtype(-lo))]
+            for name, got, ref in zip(forward, ys, want):
+                np.testing.assert_array_equal(got, ref, err_msg=f"{name} {dname(dtype)} {lo} {hi}")
+                # a tie keeps x's own zero, as the generic form does (NumPy's maximum does
+                # not say which zero it returns)
+                tie = (got == xs) & (name != "y4")
+                assert (np.signbit(got)[tie] == np.signbit(xs)[tie]).all(), name

@@ -132,8 +132,35 @@ def _operand(arg, ct: ComputeType) -> str:
     return str(arg)
 
 
-def _statements(ins: Instr, args: Sequence[str], libm: str, dst: str) -> List[str]:
-    """The Cython statements that compute one primitive into `dst`."""
+def _never_nan(arg, made: Dict) -> bool:
+    """A value that cannot be NaN: a number, an attr (every call's float attr is checked not
+    to be NaN), or a negation or absolute value of one computed once per call."""
+    if isinstance(arg, Const):
+        return arg.value == arg.value
+    if isinstance(arg, Attr):
+        return True
+    ins = made.get(arg)
+    return ins is not None and ins.op in ("neg", "abs") and _never_nan(ins.args[0], made)
+
+
+# min / max / clamp against a bound that is never NaN: one ordered select each, which GCC
+# compiles to one vmin/vmax (x86's min and max return their second operand when either is
+# NaN: here x); NaN in x still propagates, and signed zeros come out as the generic form's
+_ORDERED = {"max": ("({1} if {1} > {0} else {0})",),
+            "min": ("({1} if {1} < {0} else {0})",),
+            "clamp": ("({1} if {1} > {0} else {0})", "({2} if {2} < {t} else {t})")}
+
+
+def _statements(ins: Instr, args: Sequence[str], libm: str, dst: str,
+                prologue: Optional[Dict] = None) -> List[str]:
+    """The Cython statements that compute one primitive into `dst`; `prologue` (the values
+    computed once per call, by register) tells which bounds cannot be NaN."""
+    bounds = ins.args[1:] if ins.op in _ORDERED else ()
+    if bounds and prologue is not None and all(_never_nan(b, prologue) for b in bounds):
+        *steps, last = _ORDERED[ins.op]
+        t = dst + "_t"
+        return [f"{t} = {st.format(*args, t=t)}" for st in steps] + \
+            [f"{dst} = {last.format(*args, t=t)}"]
     form = PRIMITIVES[ins.op].cython
     if "{d}" in form:  # statements of their own, with a temporary {t}
         return [st.format(*args, f=libm, d=dst, t=dst + "_t") for st in form.split("\n")]
@@ -166,6 +193,7 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
     """The element loop's body; inputs in `scalars` are one value per row (s<slot>)."""
     lines = []
     hoisted = set(_hoisted(kernel, ct))
+    once = {i.dst: i for i in hoisted}  # what the prologue computes, by register
     for ins in kernel.body:
         if ins in hoisted:
             continue
@@ -185,7 +213,7 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             made = {i.dst: i for i in kernel.body if i not in hoisted}
             lines.append(f"{ins.dst} = {_select(ins.args[0], args[1], args[2], made, ct)}{where}")
         else:
-            lines += [line + where for line in _statements(ins, args, ct.libm, str(ins.dst))]
+            lines += [line + where for line in _statements(ins, args, ct.libm, str(ins.dst), once)]
     for i, res in enumerate(kernel.results):
         r = _operand(res, ct)
         if clip:
