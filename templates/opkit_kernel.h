@@ -201,6 +201,13 @@ static inline void opk_h2f_block(float *d, const uint16_t *s, Py_ssize_t w)
     for (Py_ssize_t i = w; i < OPK_HBLOCK; i++) d[i] = 0.0f;
 }
 
+/* ... and of an input that is float already */
+static inline void opk_f2f_block(float *d, const float *s, Py_ssize_t w)
+{
+    memcpy(d, s, (size_t)w * sizeof(float));
+    for (Py_ssize_t i = w; i < OPK_HBLOCK; i++) d[i] = 0.0f;
+}
+
 /* ---------------------------------------------------------------- bfloat16 */
 
 /* bfloat16 is the top half of a float: widening is a shift; narrowing rounds to nearest even
@@ -578,8 +585,9 @@ typedef void (*opk_tile_fn)(Py_ssize_t n, char *const *p, const void *ctx);
 /* rows of `inner` elements: operands in `mask` (inputs) hold one value per row, the others run on
  * contiguously from row to row; everything is stored in the compute type */
 /* the element loop on float16 operands: whole blocks stream their float16 results when
- * `stream` (every output then starts on a 64-byte line) */
-typedef void (*opk_htile_fn)(Py_ssize_t n, char *const *p, const void *ctx, int stream);
+ * `stream` (every output then starts on a 64-byte line); the inputs in `fmask` (bit i) are
+ * floats already, read as they are */
+typedef void (*opk_htile_fn)(Py_ssize_t n, char *const *p, const void *ctx, int stream, int fmask);
 typedef void (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char *const *ptr,
                             const Py_ssize_t *rstep, int mask, const void *ctx);
 
@@ -598,8 +606,10 @@ typedef struct {
     int nacc;                  /* sums folded into the pass: operands nops .. nops + nacc */
     int acc_src[OPK_MAXACC];   /* the output (operand index) each sum adds up */
     Py_ssize_t acc_slot[OPK_MAXACC]; /* per sum: bytes between two chunks' partial sums */
+    int acc_lanes[OPK_MAXACC]; /* per sum: lanes of a sum a run adds into whole (8 or 16) */
     opk_htile_fn htile;        /* NULL, or the element loop on float16 operands (stored as they
-                                * are; converted in registers): contiguous, or inputs of step 0 */
+                                * are; converted in registers): contiguous float16, inputs of
+                                * step 0, and float inputs (a float16 call's float temps) */
     opk_htile_fn htile_f;      /* the same with float outputs (for the sums folded in) */
     uint64_t discard;          /* bit o: output operand o is not stored (only a folded sum reads it) */
 } opk_kernel;
@@ -636,41 +646,57 @@ static inline void opk_stream_c(int ccode, char *dst, const char *src, Py_ssize_
 
 /* Sums folded into a kernel's pass: a tile's results (compute type, contiguous), elements
  * pos .. pos + n of the walk, added into float64 partial sums `step` bytes apart. With step 0
- * the run adds into one sum, held as eight lanes (64 bytes): element i goes to lane i % 8, so
- * the lanes vectorize and each lane adds its elements in the walk's order, however the walk is
- * cut into runs (by threads, rows or strides); opkit adds the lanes pairwise at the end. */
+ * the run adds into one sum, held as `lanes` lanes (8 or 16): element i goes to lane
+ * i % lanes, so the lanes vectorize and each lane adds its elements in the walk's order,
+ * however the walk is cut into runs (by threads, rows or strides); opkit adds the lanes
+ * pairwise at the end. (Each lane is a chain of dependent adds: 16 lanes keep four vector
+ * registers adding side by side; about a quarter less time a tile than 8 on an AVX2 core.) */
 static inline void opk_accum(int ccode, char *acc, Py_ssize_t step, const char *src, Py_ssize_t n,
-                             Py_ssize_t pos)
+                             Py_ssize_t pos, int lanes)
 {
     if (step == 0) {
-        double s[8];
-        memcpy(s, acc, sizeof s);
+        double s[16];
+        const Py_ssize_t mask = lanes - 1;
+        memcpy(s, acc, (size_t)lanes * sizeof(double));
         Py_ssize_t j = 0;
         if (ccode == OPK_F64) {
             const double *v = (const double *)src;
-            for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += v[j];
-            for (; j + 8 <= n; j += 8)
-                for (int l = 0; l < 8; l++) s[l] += v[j + l];
-            for (; j < n; j++) s[(pos + j) & 7] += v[j];
+            for (; j < n && ((pos + j) & mask); j++) s[(pos + j) & mask] += v[j];
+            for (; j + lanes <= n; j += lanes)
+                for (int l = 0; l < lanes; l++) s[l] += v[j + l];
+            for (; j < n; j++) s[(pos + j) & mask] += v[j];
         } else {
             const float *v = (const float *)src;
-            for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += (double)v[j];
+            for (; j < n && ((pos + j) & mask); j++) s[(pos + j) & mask] += (double)v[j];
 #if OPK_F16_HW
-            /* the lanes in two registers (gcc leaves the loop below scalar): the same adds */
-            __m256d lo = _mm256_loadu_pd(s), hi = _mm256_loadu_pd(s + 4);
-            for (; j + 8 <= n; j += 8) {
-                const __m256 f = _mm256_loadu_ps(v + j);
-                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
-                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+            /* the lanes in registers (gcc leaves the loop below scalar): the same adds */
+            __m256d a0 = _mm256_loadu_pd(s), a1 = _mm256_loadu_pd(s + 4);
+            if (lanes == 16) {
+                __m256d a2 = _mm256_loadu_pd(s + 8), a3 = _mm256_loadu_pd(s + 12);
+                for (; j + 16 <= n; j += 16) {
+                    const __m256 f = _mm256_loadu_ps(v + j), g = _mm256_loadu_ps(v + j + 8);
+                    a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+                    a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+                    a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm256_castps256_ps128(g)));
+                    a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1)));
+                }
+                _mm256_storeu_pd(s + 8, a2);
+                _mm256_storeu_pd(s + 12, a3);
+            } else {
+                for (; j + 8 <= n; j += 8) {
+                    const __m256 f = _mm256_loadu_ps(v + j);
+                    a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+                    a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+                }
             }
-            _mm256_storeu_pd(s, lo);
-            _mm256_storeu_pd(s + 4, hi);
+            _mm256_storeu_pd(s, a0);
+            _mm256_storeu_pd(s + 4, a1);
 #endif
-            for (; j + 8 <= n; j += 8)
-                for (int l = 0; l < 8; l++) s[l] += (double)v[j + l];
-            for (; j < n; j++) s[(pos + j) & 7] += (double)v[j];
+            for (; j + lanes <= n; j += lanes)
+                for (int l = 0; l < lanes; l++) s[l] += (double)v[j + l];
+            for (; j < n; j++) s[(pos + j) & mask] += (double)v[j];
         }
-        memcpy(acc, s, sizeof s);
+        memcpy(acc, s, (size_t)lanes * sizeof(double));
         return;
     }
     if (ccode == OPK_F64) {
@@ -714,7 +740,7 @@ static inline void opk_accum_cols_f(double *acc, const float *v, Py_ssize_t inne
  * (the first one `col` elements in), element c of row q to acc + q * rs + c * step. */
 static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_t step,
                                   Py_ssize_t inner, Py_ssize_t col, const char *src, Py_ssize_t n,
-                                  Py_ssize_t pos)
+                                  Py_ssize_t pos, int lanes)
 {
     const Py_ssize_t cs = OPK_CSIZE(ccode);
     while (n > 0) {
@@ -727,7 +753,7 @@ static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_
             continue;
         }
         const Py_ssize_t m = inner - col < n ? inner - col : n;
-        opk_accum(ccode, acc + col * step, step, src, m, pos);
+        opk_accum(ccode, acc + col * step, step, src, m, pos, lanes);
         src += m * cs;
         n -= m;
         pos += m;
@@ -736,14 +762,24 @@ static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_
     }
 }
 
-/* Every operand float16 and contiguous (inputs may be broadcast along the run, step 0). */
-static inline int opk_all_half(const opk_kernel *k, const Py_ssize_t *step, const int *code)
+/* A run for the float16 element loops: every stored output float16 and contiguous, every
+ * input float16 or float, contiguous or broadcast along the run (step 0). The inputs the
+ * loop reads as floats (bit o): the float ones (a float16 call's temps are in the compute
+ * type) and the broadcast ones (filled as floats once); -1: not such a run. */
+static inline int opk_half_inputs(const opk_kernel *k, const Py_ssize_t *step, const int *code)
 {
+    int fmask = 0;
     for (int o = 0; o < k->nops; o++) {
-        if (o >= k->nin && (k->discard >> o & 1)) continue;  /* not stored: any type */
-        if (code[o] != OPK_F16 || !(step[o] == 2 || (o < k->nin && step[o] == 0))) return 0;
+        if (o >= k->nin) {
+            if (!(k->discard >> o & 1) && (code[o] != OPK_F16 || step[o] != 2)) return -1;
+        } else if ((step[o] == 0 && (code[o] == OPK_F16 || code[o] == OPK_F32)) ||
+                   (code[o] == OPK_F32 && step[o] == 4)) {
+            fmask |= 1 << o;
+        } else if (code[o] != OPK_F16 || step[o] != 2) {
+            return -1;
+        }
     }
-    return 1;
+    return fmask;
 }
 
 /* Elements before every stored output of a float16 run starts a 64-byte line, so that the
@@ -761,36 +797,38 @@ static inline Py_ssize_t opk_half_head(const opk_kernel *k, char *const *ptr)
     return head;
 }
 
-/* A float16 run through the kernel's float16 element loop: inputs broadcast along the run are
- * repeated (as float16) into a scratch tile once. With folded sums the outputs come as float
- * tiles: the sums add them up before they are rounded to float16 and stored. Into memory the
- * caller gave (k->stream: a large call), the results are streamed from the first whole 64-byte
- * line on. */
+/* A float16 run through the kernel's float16 element loop (`fmask`: opk_half_inputs): an input
+ * broadcast along the run is converted once and repeated into a float scratch tile; float
+ * inputs are read as they are. With folded sums, the loop (htile_f) rounds each block of an
+ * output to float16 where it is stored and copies the float block into a tile where a sum
+ * reads it: the sums add up the results before they are rounded. Into memory the caller gave
+ * (k->stream: a large call), the results are streamed from the first whole 64-byte line on. */
 static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
-                             const Py_ssize_t *step, Py_ssize_t inner, const Py_ssize_t *acc_rs,
-                             Py_ssize_t pos)
+                             const Py_ssize_t *step, const int *code, int fmask, Py_ssize_t inner,
+                             const Py_ssize_t *acc_rs, Py_ssize_t pos)
 {
     const Py_ssize_t len = k->tile_len;
-    int tiled = k->nacc > 0;
-    char *t[OPK_MAXOPS];
+    int tiled = k->nacc > 0, summed = 0;
+    char *t[2 * OPK_MAXOPS];    /* htile_f: then the outputs' float16 destinations */
+    Py_ssize_t es[OPK_MAXOPS];  /* bytes per element as the loop reads it */
+    for (int a = 0; a < k->nacc; a++) summed |= 1 << k->acc_src[a];
+    for (int o = 0; o < k->nops; o++) es[o] = fmask >> o & 1 ? 4 : 2;
     for (int o = 0; o < k->nin; o++) {
         if (step[o] != 0) continue;
-        uint16_t v, *d = (uint16_t *)(scratch + o * len * 4);
-        memcpy(&v, ptr[o], 2);
-        for (Py_ssize_t j = 0; j < (n < len ? n : len); j++) d[j] = v;
+        opk_load_f((float *)(scratch + o * len * 4), ptr[o], 0, code[o], n < len ? n : len);
         tiled = 1;
     }
     /* tiles of len elements (a multiple of 32) keep the outputs on whole lines after the head */
     Py_ssize_t head = k->stream && !(tiled && len % 32) ? opk_half_head(k, ptr) : -1;
     if (head >= n) head = -1;
     if (!tiled && head < 0) {
-        k->htile(n, ptr, k->ctx, 0);
+        k->htile(n, ptr, k->ctx, 0, fmask);
         return;
     }
     if (!tiled) {  /* the elements before the first whole line as they are, then streamed */
-        for (int o = 0; o < k->nops; o++) t[o] = ptr[o] + head * 2;
-        k->htile(head, ptr, k->ctx, 0);
-        k->htile(n - head, t, k->ctx, 1);
+        for (int o = 0; o < k->nops; o++) t[o] = ptr[o] + head * es[o];
+        k->htile(head, ptr, k->ctx, 0, fmask);
+        k->htile(n - head, t, k->ctx, 1, fmask);
         opk_fence();
         return;
     }
@@ -799,20 +837,20 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         m = first ? head : (n - i < len ? n - i : len);
         for (int o = 0; o < k->nops; o++)
             t[o] = o >= k->nin ? (k->nacc ? scratch + o * len * 4 : ptr[o] + i * 2)
-                               : (step[o] == 0 ? scratch + o * len * 4 : ptr[o] + i * 2);
+                               : (step[o] == 0 ? scratch + o * len * 4 : ptr[o] + i * es[o]);
         if (k->nacc == 0) {
-            k->htile(m, t, k->ctx, stream);
+            k->htile(m, t, k->ctx, stream, fmask);
             continue;
         }
-        k->htile_f(m, t, k->ctx, 0);
+        for (int o = k->nin; o < k->nops; o++) {
+            if (!(summed >> o & 1)) t[o] = NULL;
+            t[k->nops + o - k->nin] = k->discard >> o & 1 ? NULL : ptr[o] + i * 2;
+        }
+        k->htile_f(m, t, k->ctx, stream, fmask);
         for (int a = 0; a < k->nacc; a++)
             opk_accum_rows(OPK_F32, ptr[k->nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
-                           step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i);
-        for (int o = k->nin; o < k->nops; o++) {
-            if (k->discard >> o & 1) continue;
-            if (stream) opk_f2h_stream((uint16_t *)(ptr[o] + i * 2), (const float *)t[o], m);
-            else opk_f2h_contig((uint16_t *)(ptr[o] + i * 2), (const float *)t[o], m);
-        }
+                           step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i,
+                           k->acc_lanes[a]);
     }
     if (head >= 0) opk_fence();
 }
@@ -847,8 +885,10 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
 {
     const int nin = k->nin, nops = k->nops, cc = k->ccode;
     const Py_ssize_t cs = OPK_CSIZE(cc), len = k->tile_len;
-    if (k->htile != NULL && (k->nacc == 0 || k->htile_f != NULL) && opk_all_half(k, step, code)) {
-        opk_segment_half(k, scratch, n, ptr, step, inner, acc_rs, pos);
+    const int fmask = k->htile != NULL && (k->nacc == 0 || k->htile_f != NULL)
+                      ? opk_half_inputs(k, step, code) : -1;
+    if (fmask >= 0) {
+        opk_segment_half(k, scratch, n, ptr, step, code, fmask, inner, acc_rs, pos);
         return;
     }
     const int streaming = k->stream && n >= OPK_STREAM_MIN;
@@ -879,7 +919,7 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         k->tile(m, t, k->ctx);
         for (int a = 0; a < k->nacc; a++)  /* the results are still in cache */
             opk_accum_rows(cc, ptr[nops + a] + (i / inner) * acc_rs[a], acc_rs[a], step[nops + a],
-                           inner, i % inner, t[k->acc_src[a]], m, pos + i);
+                           inner, i % inner, t[k->acc_src[a]], m, pos + i, k->acc_lanes[a]);
         for (int o = nin; o < nops; o++) {
             if (direct[o] && streaming) opk_stream_c(cc, ptr[o] + i * step[o], t[o], m);
             else if (!direct[o] && !(k->discard >> o & 1))
@@ -919,24 +959,7 @@ static inline char *opk_scratch(const opk_kernel *k, char *stack)
 static inline void opk_spread(int ccode, char *dst, const char *src, Py_ssize_t rs,
                               Py_ssize_t step, int code, Py_ssize_t nrows, Py_ssize_t inner)
 {
-    const Py_ssize_t cs = code == OPK_F16 ? 2 : OPK_CSIZE(ccode);
-    if (code == OPK_F16) {  /* float16 stays float16: the kernel converts it in registers */
-        uint16_t *d = (uint16_t *)dst;
-        for (Py_ssize_t q = 0; q < nrows; q++) {
-            const char *r = src + q * rs;
-            if (q > 0 && rs == 0) { memcpy(d + q * inner, d, (size_t)(inner * 2)); continue; }
-            for (Py_ssize_t j = 0; j < inner; j++) memcpy(d + q * inner + j, r + j * step, 2);
-        }
-        return;
-    }
-    if (step == 0 && ccode == OPK_F32 && code == OPK_F32) {  /* a value per row: inline */
-        float *d = (float *)dst;
-        for (Py_ssize_t q = 0; q < nrows; q++) {
-            const float v = *(const float *)(src + q * rs);
-            for (Py_ssize_t j = 0; j < inner; j++) d[q * inner + j] = v;
-        }
-        return;
-    }
+    const Py_ssize_t cs = OPK_CSIZE(ccode);
     if (rs == 0) {  /* the same row on every row: convert it once, then copy */
         opk_load_c(ccode, dst, src, step, code, inner);
         for (Py_ssize_t q = 1; q < nrows; q++)
@@ -1021,9 +1044,9 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
                         filled[k] = row[k];
                         filled_rows[k] = nrows;
                     }
-                    ptr[k] = dst;
-                    gstep[k] = code[k] == OPK_F16 ? 2 : csize;
-                    gcode[k] = code[k] == OPK_F16 ? OPK_F16 : ccode;
+                    ptr[k] = dst;  /* in the compute type (float16 loops read floats too) */
+                    gstep[k] = csize;
+                    gcode[k] = ccode;
                 } else {
                     ptr[k] = row[k];
                     gstep[k] = step[k];
@@ -1141,9 +1164,15 @@ static int opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *
 }
 
 /* A folded sum's partials added up: out[k] = the chunks' partials of element k (p holds nchunks
- * rows of K elements of `lanes` doubles) added in chunk order, each chunk's eight lanes first
- * added pairwise, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)). Threads take whole elements, so
- * the result does not depend on their number. */
+ * rows of K elements of `lanes` doubles) added in chunk order, each chunk's lanes first added
+ * pairwise, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) for eight. Threads take whole elements,
+ * so the result does not depend on their number. */
+static inline double opk_pairwise(const double *v, int lanes)
+{
+    if (lanes == 1) return v[0];
+    return opk_pairwise(v, lanes / 2) + opk_pairwise(v + lanes / 2, lanes / 2);
+}
+
 #define OPK_FOLD_BLOCK 64
 static void opk_fold_partials(const double *p, Py_ssize_t nchunks, Py_ssize_t K, int lanes,
                               double *out, int nt)
@@ -1159,8 +1188,7 @@ static void opk_fold_partials(const double *p, Py_ssize_t nchunks, Py_ssize_t K,
             const double *row = p + c * K * lanes;
             for (Py_ssize_t k = k0; k < k1; k++) {
                 const double *v = row + k * lanes;
-                const double s = lanes == 8 ? ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
-                                            : v[0];
+                const double s = opk_pairwise(v, lanes);
                 acc[k - k0] = c == 0 ? s : acc[k - k0] + s;
             }
         }

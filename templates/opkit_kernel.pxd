@@ -15,7 +15,7 @@ cdef extern from "opkit_kernel.h" nogil:
     ctypedef int64_t* opk_lp
     ctypedef const int64_t* opk_clp
     ctypedef void (*opk_tile_fn)(Py_ssize_t, char* const*, const void*) noexcept nogil
-    ctypedef void (*opk_htile_fn)(Py_ssize_t, char* const*, const void*, int) noexcept nogil
+    ctypedef void (*opk_htile_fn)(Py_ssize_t, char* const*, const void*, int, int) noexcept nogil
     ctypedef void (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
     enum: OPK_MAXACC
     enum: OPK_HBLOCK
@@ -30,12 +30,14 @@ cdef extern from "opkit_kernel.h" nogil:
         int nacc
         int acc_src[OPK_MAXACC]
         Py_ssize_t acc_slot[OPK_MAXACC]
+        int acc_lanes[OPK_MAXACC]
         opk_htile_fn htile
         opk_htile_fn htile_f
         uint64_t discard
     void opk_h2f_full(float* d, const uint16_t* s)
     void opk_f2h_full(uint16_t* d, const float* s, int stream)
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
+    void opk_f2f_block(float* d, const float* s, Py_ssize_t w)
     void opk_f2h_contig(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
     enum: OPK_MAXOPS
@@ -61,20 +63,25 @@ cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row
     return k
 
 
-cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple slots) except -1:
+cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple slots, tuple lanes) except -1:
     """Sums folded into the kernel's pass: `sources` are the operand indexes of the outputs
     they add up; their partial sums follow the outputs in the operands, each `slots[a]` bytes
-    a chunk."""
+    a chunk, in `lanes[a]` lanes where a run adds into the sum whole (opk_accum)."""
     cdef int a
     if len(sources) > OPK_MAXACC:
         raise ValueError(f"opkit: at most {OPK_MAXACC} sums fold into one kernel")
     if len(slots) != len(sources):
         raise ValueError("opkit: a folded sum without its partial sums' chunk stride")
+    if len(lanes) != len(sources):
+        raise ValueError("opkit: a folded sum without its count of lanes")
     for a in range(len(sources)):
         if not k.nin <= sources[a] < k.nops:
             raise ValueError("opkit: a folded sum adds up an operand that is not an output")
         k.acc_src[a] = sources[a]
         k.acc_slot[a] = slots[a]
+        if lanes[a] not in (1, 8, 16):
+            raise ValueError("opkit: a folded sum's lanes must be 1, 8 or 16")
+        k.acc_lanes[a] = lanes[a]
     k.nacc = len(sources)
     return 0
 
@@ -119,7 +126,7 @@ cdef inline int opk_fold_arrays(cnp.ndarray partial, cnp.ndarray out, int lanes,
     cdef Py_ssize_t k = cnp.PyArray_SIZE(out)
     if (cnp.PyArray_TYPE(partial) != cnp.NPY_DOUBLE or cnp.PyArray_TYPE(out) != cnp.NPY_DOUBLE
             or not cnp.PyArray_ISCARRAY_RO(partial) or not cnp.PyArray_ISCARRAY(out)
-            or lanes not in (1, 8) or cnp.PyArray_SIZE(partial) != nchunks * k * lanes):
+            or lanes not in (1, 8, 16) or cnp.PyArray_SIZE(partial) != nchunks * k * lanes):
         raise ValueError("opkit: partial sums do not match the sum they add up to")
     with nogil:
         opk_fold_partials(<const double*>cnp.PyArray_DATA(partial), nchunks, k, lanes,

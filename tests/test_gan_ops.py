@@ -1012,3 +1012,29 @@ def test_length_one_channel_vectors_are_rejected(fused, cond, which):
 def test_validate_op(op_name):
     report = validate_op(opkit.get(op_name))
     assert report.ok, report.format()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_conditional_float16_streams_past_its_float_slopes(cond, layout):
+    """A large float16 call: its slopes are a float temp (the compute type), which the float16
+    loops read as floats, and given outputs after a head of elements are streamed; the same
+    bits for any thread count, and right."""
+    rng = np.random.default_rng(12)
+    dims = (2, 16, 256, 260)                       # past OPK_STREAM_MIN (2 Mi elements)
+    shape = physical(dims, layout)
+    x, dy = (rng.uniform(-3, 3, shape).astype(np.float16) for _ in range(2))
+    z, w = rng.standard_normal((2, 4)).astype(np.float16), rng.standard_normal((4, 16)).astype(np.float16)
+    b = rng.standard_normal(16).astype(np.float16)
+    results = []
+    for threads, k in ((1, 0), (2, 5)):
+        y = np.empty(x.size + 64, np.float16)[k:k + x.size].reshape(shape)
+        dx = np.empty(x.size + 64, np.float16)[k + 3:k + 3 + x.size].reshape(shape)
+        with opkit.config(num_threads=threads):
+            cond(x, z, w, b, layout=layout, out=y)
+            grads = cond.backward(dy, x, z, w, b, layout=layout, out=(dx, None, None, None))
+        results.append((y, *grads))
+    for got, want in zip(results[1], results[0]):
+        assert np.array_equal(got, want)
+    assert_close(results[0][0], cond_ref(x, z, w, b, layout=layout), np.float16, "y")
+    for label, g, r in zip(("dx", "dz", "dw", "db"), results[0][1:], cond_grad_ref(dy, x, z, w, b, layout=layout)):
+        assert_close(g, r, np.float16, label)
