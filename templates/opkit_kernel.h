@@ -606,7 +606,6 @@ typedef struct {
     int nacc;                  /* sums folded into the pass: operands nops .. nops + nacc */
     int acc_src[OPK_MAXACC];   /* the output (operand index) each sum adds up */
     Py_ssize_t acc_slot[OPK_MAXACC]; /* per sum: bytes between two chunks' partial sums */
-    int acc_lanes[OPK_MAXACC]; /* per sum: lanes of a sum a run adds into whole (8 or 16) */
     opk_htile_fn htile;        /* NULL, or the element loop on float16 operands (stored as they
                                 * are; converted in registers): contiguous float16, inputs of
                                 * step 0, and float inputs (a float16 call's float temps) */
@@ -646,57 +645,41 @@ static inline void opk_stream_c(int ccode, char *dst, const char *src, Py_ssize_
 
 /* Sums folded into a kernel's pass: a tile's results (compute type, contiguous), elements
  * pos .. pos + n of the walk, added into float64 partial sums `step` bytes apart. With step 0
- * the run adds into one sum, held as `lanes` lanes (8 or 16): element i goes to lane
- * i % lanes, so the lanes vectorize and each lane adds its elements in the walk's order,
- * however the walk is cut into runs (by threads, rows or strides); opkit adds the lanes
- * pairwise at the end. (Each lane is a chain of dependent adds: 16 lanes keep four vector
- * registers adding side by side; about a quarter less time a tile than 8 on an AVX2 core.) */
+ * the run adds into one sum, held as eight lanes (64 bytes): element i goes to lane i % 8, so
+ * the lanes vectorize and each lane adds its elements in the walk's order, however the walk is
+ * cut into runs (by threads, rows or strides); opkit adds the lanes pairwise at the end. */
 static inline void opk_accum(int ccode, char *acc, Py_ssize_t step, const char *src, Py_ssize_t n,
-                             Py_ssize_t pos, int lanes)
+                             Py_ssize_t pos)
 {
     if (step == 0) {
-        double s[16];
-        const Py_ssize_t mask = lanes - 1;
-        memcpy(s, acc, (size_t)lanes * sizeof(double));
+        double s[8];
+        memcpy(s, acc, sizeof s);
         Py_ssize_t j = 0;
         if (ccode == OPK_F64) {
             const double *v = (const double *)src;
-            for (; j < n && ((pos + j) & mask); j++) s[(pos + j) & mask] += v[j];
-            for (; j + lanes <= n; j += lanes)
-                for (int l = 0; l < lanes; l++) s[l] += v[j + l];
-            for (; j < n; j++) s[(pos + j) & mask] += v[j];
+            for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += v[j];
+            for (; j + 8 <= n; j += 8)
+                for (int l = 0; l < 8; l++) s[l] += v[j + l];
+            for (; j < n; j++) s[(pos + j) & 7] += v[j];
         } else {
             const float *v = (const float *)src;
-            for (; j < n && ((pos + j) & mask); j++) s[(pos + j) & mask] += (double)v[j];
+            for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += (double)v[j];
 #if OPK_F16_HW
-            /* the lanes in registers (gcc leaves the loop below scalar): the same adds */
-            __m256d a0 = _mm256_loadu_pd(s), a1 = _mm256_loadu_pd(s + 4);
-            if (lanes == 16) {
-                __m256d a2 = _mm256_loadu_pd(s + 8), a3 = _mm256_loadu_pd(s + 12);
-                for (; j + 16 <= n; j += 16) {
-                    const __m256 f = _mm256_loadu_ps(v + j), g = _mm256_loadu_ps(v + j + 8);
-                    a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
-                    a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
-                    a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm256_castps256_ps128(g)));
-                    a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1)));
-                }
-                _mm256_storeu_pd(s + 8, a2);
-                _mm256_storeu_pd(s + 12, a3);
-            } else {
-                for (; j + 8 <= n; j += 8) {
-                    const __m256 f = _mm256_loadu_ps(v + j);
-                    a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
-                    a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
-                }
+            /* the lanes in two registers (gcc leaves the loop below scalar): the same adds */
+            __m256d lo = _mm256_loadu_pd(s), hi = _mm256_loadu_pd(s + 4);
+            for (; j + 8 <= n; j += 8) {
+                const __m256 f = _mm256_loadu_ps(v + j);
+                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
             }
-            _mm256_storeu_pd(s, a0);
-            _mm256_storeu_pd(s + 4, a1);
+            _mm256_storeu_pd(s, lo);
+            _mm256_storeu_pd(s + 4, hi);
 #endif
-            for (; j + lanes <= n; j += lanes)
-                for (int l = 0; l < lanes; l++) s[l] += (double)v[j + l];
-            for (; j < n; j++) s[(pos + j) & mask] += (double)v[j];
+            for (; j + 8 <= n; j += 8)
+                for (int l = 0; l < 8; l++) s[l] += (double)v[j + l];
+            for (; j < n; j++) s[(pos + j) & 7] += (double)v[j];
         }
-        memcpy(acc, s, (size_t)lanes * sizeof(double));
+        memcpy(acc, s, sizeof s);
         return;
     }
     if (ccode == OPK_F64) {
@@ -740,7 +723,7 @@ static inline void opk_accum_cols_f(double *acc, const float *v, Py_ssize_t inne
  * (the first one `col` elements in), element c of row q to acc + q * rs + c * step. */
 static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_t step,
                                   Py_ssize_t inner, Py_ssize_t col, const char *src, Py_ssize_t n,
-                                  Py_ssize_t pos, int lanes)
+                                  Py_ssize_t pos)
 {
     const Py_ssize_t cs = OPK_CSIZE(ccode);
     while (n > 0) {
@@ -753,7 +736,7 @@ static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_
             continue;
         }
         const Py_ssize_t m = inner - col < n ? inner - col : n;
-        opk_accum(ccode, acc + col * step, step, src, m, pos, lanes);
+        opk_accum(ccode, acc + col * step, step, src, m, pos);
         src += m * cs;
         n -= m;
         pos += m;
@@ -849,8 +832,7 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         k->htile_f(m, t, k->ctx, stream, fmask);
         for (int a = 0; a < k->nacc; a++)
             opk_accum_rows(OPK_F32, ptr[k->nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
-                           step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i,
-                           k->acc_lanes[a]);
+                           step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i);
     }
     if (head >= 0) opk_fence();
 }
@@ -919,7 +901,7 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         k->tile(m, t, k->ctx);
         for (int a = 0; a < k->nacc; a++)  /* the results are still in cache */
             opk_accum_rows(cc, ptr[nops + a] + (i / inner) * acc_rs[a], acc_rs[a], step[nops + a],
-                           inner, i % inner, t[k->acc_src[a]], m, pos + i, k->acc_lanes[a]);
+                           inner, i % inner, t[k->acc_src[a]], m, pos + i);
         for (int o = nin; o < nops; o++) {
             if (direct[o] && streaming) opk_stream_c(cc, ptr[o] + i * step[o], t[o], m);
             else if (!direct[o] && !(k->discard >> o & 1))
@@ -1164,15 +1146,9 @@ static int opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *
 }
 
 /* A folded sum's partials added up: out[k] = the chunks' partials of element k (p holds nchunks
- * rows of K elements of `lanes` doubles) added in chunk order, each chunk's lanes first added
- * pairwise, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) for eight. Threads take whole elements,
- * so the result does not depend on their number. */
-static inline double opk_pairwise(const double *v, int lanes)
-{
-    if (lanes == 1) return v[0];
-    return opk_pairwise(v, lanes / 2) + opk_pairwise(v + lanes / 2, lanes / 2);
-}
-
+ * rows of K elements of `lanes` doubles) added in chunk order, each chunk's eight lanes first
+ * added pairwise, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)). Threads take whole elements, so
+ * the result does not depend on their number. */
 #define OPK_FOLD_BLOCK 64
 static void opk_fold_partials(const double *p, Py_ssize_t nchunks, Py_ssize_t K, int lanes,
                               double *out, int nt)
@@ -1188,7 +1164,8 @@ static void opk_fold_partials(const double *p, Py_ssize_t nchunks, Py_ssize_t K,
             const double *row = p + c * K * lanes;
             for (Py_ssize_t k = k0; k < k1; k++) {
                 const double *v = row + k * lanes;
-                const double s = opk_pairwise(v, lanes);
+                const double s = lanes == 8 ? ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
+                                            : v[0];
                 acc[k - k0] = c == 0 ? s : acc[k - k0] + s;
             }
         }

@@ -30,7 +30,6 @@ cdef extern from "opkit_kernel.h" nogil:
         int nacc
         int acc_src[OPK_MAXACC]
         Py_ssize_t acc_slot[OPK_MAXACC]
-        int acc_lanes[OPK_MAXACC]
         opk_htile_fn htile
         opk_htile_fn htile_f
         uint64_t discard
@@ -63,25 +62,20 @@ cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row
     return k
 
 
-cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple slots, tuple lanes) except -1:
+cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple slots) except -1:
     """Sums folded into the kernel's pass: `sources` are the operand indexes of the outputs
     they add up; their partial sums follow the outputs in the operands, each `slots[a]` bytes
-    a chunk, in `lanes[a]` lanes where a run adds into the sum whole (opk_accum)."""
+    a chunk."""
     cdef int a
     if len(sources) > OPK_MAXACC:
         raise ValueError(f"opkit: at most {OPK_MAXACC} sums fold into one kernel")
     if len(slots) != len(sources):
         raise ValueError("opkit: a folded sum without its partial sums' chunk stride")
-    if len(lanes) != len(sources):
-        raise ValueError("opkit: a folded sum without its count of lanes")
     for a in range(len(sources)):
         if not k.nin <= sources[a] < k.nops:
             raise ValueError("opkit: a folded sum adds up an operand that is not an output")
         k.acc_src[a] = sources[a]
         k.acc_slot[a] = slots[a]
-        if lanes[a] not in (1, 8, 16):
-            raise ValueError("opkit: a folded sum's lanes must be 1, 8 or 16")
-        k.acc_lanes[a] = lanes[a]
     k.nacc = len(sources)
     return 0
 
@@ -126,7 +120,7 @@ cdef inline int opk_fold_arrays(cnp.ndarray partial, cnp.ndarray out, int lanes,
     cdef Py_ssize_t k = cnp.PyArray_SIZE(out)
     if (cnp.PyArray_TYPE(partial) != cnp.NPY_DOUBLE or cnp.PyArray_TYPE(out) != cnp.NPY_DOUBLE
             or not cnp.PyArray_ISCARRAY_RO(partial) or not cnp.PyArray_ISCARRAY(out)
-            or lanes not in (1, 8, 16) or cnp.PyArray_SIZE(partial) != nchunks * k * lanes):
+            or lanes not in (1, 8) or cnp.PyArray_SIZE(partial) != nchunks * k * lanes):
         raise ValueError("opkit: partial sums do not match the sum they add up to")
     with nogil:
         opk_fold_partials(<const double*>cnp.PyArray_DATA(partial), nchunks, k, lanes,

@@ -181,7 +181,7 @@ def _offset(like, k):
 @pytest.mark.parametrize("layout, c", [("NCHW", 3), ("NCHW", 64), ("NHWC", 64), ("NHWC", 70), ("NHWC", 5)])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_vectorized_sums_add_the_same_numbers_as_the_portable_build(layout, c, dtype):
-    """The sums the native build adds in vector registers (lanes, rows of channels kept in
+    """The sums the native build adds in vector registers (eight lanes, rows of channels kept in
     registers across rows) are bitwise those of the portable build's plain C loops, for any
     thread count, with the gradient streamed into given arrays after a head of elements."""
     op = opkit.get("fused_bias_leaky_relu")
@@ -241,31 +241,3 @@ def test_partials_start_at_zero_call_after_call(c):
     np.testing.assert_allclose(first[0][1], expected, rtol=1e-12, atol=1e-12)
     g, gb = _fused_bias_reference(x, b, dy, "NHWC")
     np.testing.assert_allclose(first[1][1], gb, rtol=1e-12)
-
-
-def test_sums_over_whole_runs_keep_wide_lanes_unless_their_partials_are_long(monkeypatch):
-    """A sum a run adds into whole keeps LANES lanes (dbias over NCHW's rows); a sum per pixel,
-    whose chunk rows of partials would be long, keeps NARROW_LANES; both are right."""
-    from opkit.lower.reduce import LANES, NARROW_LANES
-    from opkit.runtime.execute import Executor
-    seen = []
-    original = Executor._partials
-
-    def recording(*args):
-        out = original(*args)
-        seen.extend(p.shape[-1] if p.ndim > len(names) + 1 else 1 for p, names in out)
-        return out
-    monkeypatch.setattr(Executor, "_partials", staticmethod(recording))
-    rng = np.random.default_rng(11)
-    x, dy = rng.standard_normal((2, 3, 64, 64)), rng.standard_normal((2, 3, 64, 64))
-    b = rng.standard_normal(3)
-    _, db = opkit.get("fused_bias_leaky_relu").backward(dy, x, b, layout="NCHW")
-    np.testing.assert_allclose(db, _fused_bias_reference(x, b, dy, "NCHW")[1], rtol=1e-12)
-    assert seen == [LANES] and LANES == 16
-    seen.clear()
-    xh, dyh = rng.standard_normal((2, 64, 64, 8)), rng.standard_normal((2, 64, 64, 8))
-    amap = rng.uniform(0.1, 0.3, (2, 64, 64, 1))
-    _, da = opkit.get("spatial_leaky_relu").backward(dyh, xh, amap, layout="NHWC")
-    np.testing.assert_allclose(da, np.where(xh > 0, 0.0, dyh * xh).sum(axis=3, keepdims=True),
-                               rtol=1e-12, atol=1e-12)
-    assert seen == [NARROW_LANES]

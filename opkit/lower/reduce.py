@@ -18,12 +18,6 @@ SUM_CHUNK = 1 << 15     # elements per chunk of partial sums (OPK_ACC_CHUNK)
 # bytes of a chunk's partials up to which the kernel zeroes them as it starts the chunk
 # (OPK_ZERO_ROWS); larger rows (a sum per pixel) are zeroed lazily by the allocation instead
 ZERO_ROWS = 1 << 18
-# A sum that a run adds into whole (dbias over NCHW's rows) is kept as lanes, element i in lane
-# i % lanes, added pairwise at the end: LANES of them (four vector registers of doubles adding
-# side by side) where the chunk's row of them fits ZERO_ROWS, else NARROW_LANES (a sum per pixel
-# would take chunks x pixels x lanes doubles)
-LANES = 16
-NARROW_LANES = 8
 
 
 def fold_sums(plan: Plan) -> Plan:

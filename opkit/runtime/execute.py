@@ -14,7 +14,7 @@ from ..dsl import named
 from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
 from ..lower.epilogue import physical
-from ..lower.reduce import LANES, NARROW_LANES, SUM_CHUNK, ZERO_ROWS
+from ..lower.reduce import SUM_CHUNK, ZERO_ROWS
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides
@@ -213,7 +213,7 @@ class Executor:
         for v in later:
             np.clip(env[v][0], -clip, clip, out=env[v][0])
         for c, (partial, names) in zip(summed, sums):
-            lanes = self._lane_count(partial, names)
+            lanes = 8 if partial.ndim > len(names) + 1 else 1
             total = np.empty(partial.shape[1:partial.ndim - (lanes > 1)])
             st.module.fold_partials(partial, total, lanes, setting("num_threads"))
             self._put(c.result, (total.astype(st.temp_dtype), names), env,
@@ -226,14 +226,9 @@ class Executor:
         given = {id(a) for a in st.out_arrays.values()}
         return any(id(st.env[v][0]) in given for v in k.outputs)
 
-    @staticmethod
-    def _lane_count(partial: np.ndarray, names) -> int:
-        """The lanes a folded sum's partials keep (their last axis), 1 for none."""
-        return partial.shape[-1] if partial.ndim > len(names) + 1 else 1
-
     def _lanes(self, k: Kernel, env: Dict[Value, Array], calls: List[LibCall]) -> List[bool]:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
-        the output's fastest dim): then it is kept as lanes (opk_accum)."""
+        the output's fastest dim): then it is kept as eight lanes (opk_accum)."""
         out_arr, iter_names = env[k.outputs[0]]
         order = [d for d in np.argsort([abs(s) for s in out_arr.strides], kind="stable")
                  if out_arr.shape[d] > 1]
@@ -265,9 +260,8 @@ class Executor:
     def _partials(calls: List[LibCall], env: Dict[Value, Array], values, total: int,
                   lanes: List[bool]) -> List[Array]:
         """float64 partial sums for folded sums: one row per chunk of SUM_CHUNK elements (at
-        least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and LANES
-        lanes each where `lanes` says (NARROW_LANES where a chunk's row of LANES would not fit
-        ZERO_ROWS). The kernel zeroes a chunk's rows of up to ZERO_ROWS bytes
+        least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and eight
+        lanes each where `lanes` says. The kernel zeroes a chunk's rows of up to ZERO_ROWS bytes
         as it starts the chunk; longer ones (and the one row of a call with no elements, which
         runs no kernel) are zeroed here, lazily by the allocation."""
         out = []
@@ -280,8 +274,7 @@ class Executor:
                 arr, arr_names = env[c.args[0]]
                 names = tuple(n for n in arr_names if n in c.params[0])
                 shape = tuple(arr.shape[arr_names.index(n)] for n in names)
-            wide = 8 * LANES * math.prod(shape) <= ZERO_ROWS
-            row = shape + (((LANES if wide else NARROW_LANES),) if lane else ())
+            row = shape + ((8,) if lane else ())
             small = 8 * math.prod(row) <= ZERO_ROWS
             out.append(((np.empty if total and small else np.zeros)(rows + row), names))
         return out
@@ -399,7 +392,6 @@ class Executor:
         if sums:
             extra = {"sums": tuple(len(k.inputs) + i for i, _ in sums),
                      "sum_slots": tuple(partial.strides[0] for _, (partial, _) in sums),
-                     "sum_lanes": tuple(self._lane_count(partial, nm) for _, (partial, nm) in sums),
                      "discard": discard}
         fn(*args, clips, **extra) if clips is not None else fn(*args, **extra)
 
