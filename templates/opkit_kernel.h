@@ -609,7 +609,9 @@ typedef struct {
     opk_htile_fn htile;        /* NULL, or the element loop on float16 operands (stored as they
                                 * are; converted in registers): contiguous float16, inputs of
                                 * step 0, and float inputs (a float16 call's float temps) */
-    opk_htile_fn htile_f;      /* the same with float outputs (for the sums folded in) */
+    opk_htile_fn htile_f;      /* the same for the sums folded in: output i as floats into
+                                * p[nin + i] where a sum reads it, rounded into its float16
+                                * destination p[nops + i] where stored (NULL: not) */
     uint64_t discard;          /* bit o: output operand o is not stored (only a folded sum reads it) */
 } opk_kernel;
 

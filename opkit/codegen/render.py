@@ -143,25 +143,16 @@ def _never_nan(arg, made: Dict) -> bool:
     return ins is not None and ins.op in ("neg", "abs") and _never_nan(ins.args[0], made)
 
 
-# min / max / clamp against a bound that is never NaN: one ordered select each, which GCC
-# compiles to one vmin/vmax (x86's min and max return their second operand when either is
-# NaN: here x); NaN in x still propagates, and signed zeros come out as the generic form's
-_ORDERED = {"max": ("({1} if {1} > {0} else {0})",),
-            "min": ("({1} if {1} < {0} else {0})",),
-            "clamp": ("({1} if {1} > {0} else {0})", "({2} if {2} < {t} else {t})")}
-
-
 def _statements(ins: Instr, args: Sequence[str], libm: str, dst: str,
                 prologue: Optional[Dict] = None) -> List[str]:
     """The Cython statements that compute one primitive into `dst`; `prologue` (the values
-    computed once per call, by register) tells which bounds cannot be NaN."""
-    bounds = ins.args[1:] if ins.op in _ORDERED else ()
-    if bounds and prologue is not None and all(_never_nan(b, prologue) for b in bounds):
-        *steps, last = _ORDERED[ins.op]
-        t = dst + "_t"
-        return [f"{t} = {st.format(*args, t=t)}" for st in steps] + \
-            [f"{dst} = {last.format(*args, t=t)}"]
-    form = PRIMITIVES[ins.op].cython
+    computed once per call, by register) tells which bounds cannot be NaN (then a primitive's
+    `cython_bounded` form)."""
+    prim = PRIMITIVES[ins.op]
+    form = prim.cython
+    if prim.cython_bounded and prologue is not None and \
+            all(_never_nan(b, prologue) for b in ins.args[1:]):
+        form = prim.cython_bounded
     if "{d}" in form:  # statements of their own, with a temporary {t}
         return [st.format(*args, f=libm, d=dst, t=dst + "_t") for st in form.split("\n")]
     return [f"{dst} = {form.format(*args, f=libm)}"]

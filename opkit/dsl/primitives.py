@@ -50,6 +50,9 @@ class Primitive:
     branch: Optional[Callable] = None
     grad_doc: str = ""                   # its gradient, for the function table
     function: str = ""                   # how expressions call it (""; an operator such as +)
+    # statements assigning {d} for when no argument after the first can be NaN (a number, an
+    # attr): ordered selects, which GCC makes one vmax / vmin each ("": `cython` always)
+    cython_bounded: str = ""
 
     def vectorizes_on(self, features) -> bool:
         v = self.vectorizes
@@ -290,17 +293,21 @@ def _minmax_vjp(larger: bool):
 
 # NaN propagates from either argument (as NumPy's minimum/maximum). Two plain selects in a row
 # ({t} is a temporary): GCC vectorizes chains of these, while it gives up on chains of selects
-# on `(x <= y) | (x != x)`.
+# on `(x <= y) | (x != x)`. Against a bound that cannot be NaN one ordered select does: x86's
+# min and max return their second operand (here x) when either is NaN, so NaN in x still
+# propagates, and a tie keeps x's own zero as the two-select form does.
 _register(Primitive("min", (F, F), F, _np_min,
                     "{t} = ({0} if {0} <= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
                     "vmin", "vmins", 1, _minmax_vjp(False),
                     doc="the smaller of x and y; NaN propagates", branch=_ordered, function="min",
-                    grad_doc="to the argument picked, halved on a tie (PyTorch's minimum)"))
+                    grad_doc="to the argument picked, halved on a tie (PyTorch's minimum)",
+                    cython_bounded="{d} = ({1} if {1} < {0} else {0})"))
 _register(Primitive("max", (F, F), F, _np_max,
                     "{t} = ({0} if {0} >= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
                     "vmax", "vmaxs", 1, _minmax_vjp(True),
                     doc="the larger of x and y; NaN propagates", branch=_ordered, function="max",
-                    grad_doc="to the argument picked, halved on a tie (PyTorch's maximum)"))
+                    grad_doc="to the argument picked, halved on a tie (PyTorch's maximum)",
+                    cython_bounded="{d} = ({1} if {1} > {0} else {0})"))
 
 
 def _clamp_branch(x, lo, hi):
@@ -322,7 +329,8 @@ _register(Primitive("clamp", (F, F, F), F, lambda x, lo, hi: _np_min(_np_max(x, 
                     "vclamp", None, 2, _clamp_vjp, branch=_clamp_branch, function="clamp",
                     doc="min(max(x, lo), hi); NaN propagates",
                     grad_doc="to x inside [lo, hi], bounds included; to lo below it, to hi above "
-                             "(PyTorch's clamp)"))
+                             "(PyTorch's clamp)",
+                    cython_bounded="{t} = ({1} if {1} > {0} else {0})\n{d} = ({2} if {2} < {t} else {t})"))
 
 
 def _abs_branch(x):
