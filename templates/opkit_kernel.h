@@ -32,8 +32,7 @@ typedef const int64_t *__restrict opk_clp;
 
 /* The storage dtype codes (OPK_F16 ...) and OPK_MAXOPS come from opkit itself: the generated
  * module defines them (opkit/codegen/render.py: DTYPE_CODES, MAX_OPERANDS) before this header. */
-#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK) || \
-    !defined(OPK_ZERO_ROWS)
+#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK)
 #error "opkit_kernel.h is included by opkit's generated modules, which define the dtype codes"
 #endif
 
@@ -605,7 +604,9 @@ typedef struct {
                                 * stream long runs */
     int nacc;                  /* sums folded into the pass: operands nops .. nops + nacc */
     int acc_src[OPK_MAXACC];   /* the output (operand index) each sum adds up */
-    Py_ssize_t acc_slot[OPK_MAXACC]; /* per sum: bytes between two chunks' partial sums */
+    double *acc_out[OPK_MAXACC];   /* per sum: where its elements are added up (float64), */
+    Py_ssize_t acc_len[OPK_MAXACC];  /* how many there are, */
+    int acc_lanes[OPK_MAXACC];       /* and whether each is kept as eight lanes (opk_accum) */
     opk_htile_fn htile;        /* NULL, or the element loop on float16 operands (stored as they
                                 * are; converted in registers): contiguous float16, inputs of
                                 * step 0, and float inputs (a float16 call's float temps) */
@@ -782,6 +783,11 @@ static inline Py_ssize_t opk_half_head(const opk_kernel *k, char *const *ptr)
     return head;
 }
 
+/* The float16 loops take OPK_HALF_TILES tiles' worth of elements at a time: they work in
+ * blocks of OPK_HBLOCK within it anyway, and a tile's fixed cost (the call, the sums' rows,
+ * the pointers) was a third of a float16 backward's time with folded sums at 256 elements. */
+#define OPK_HALF_TILES 4
+
 /* A float16 run through the kernel's float16 element loop (`fmask`: opk_half_inputs): an input
  * broadcast along the run is converted once and repeated into a float scratch tile; float
  * inputs are read as they are. With folded sums, the loop (htile_f) rounds each block of an
@@ -792,7 +798,7 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
                              const Py_ssize_t *step, const int *code, int fmask, Py_ssize_t inner,
                              const Py_ssize_t *acc_rs, Py_ssize_t pos)
 {
-    const Py_ssize_t len = k->tile_len;
+    const Py_ssize_t len = k->tile_len * OPK_HALF_TILES;
     int tiled = k->nacc > 0, summed = 0;
     char *t[2 * OPK_MAXOPS];    /* htile_f: then the outputs' float16 destinations */
     Py_ssize_t es[OPK_MAXOPS];  /* bytes per element as the loop reads it */
@@ -926,7 +932,8 @@ static inline void opk_segment(const opk_kernel *k, char *scratch, Py_ssize_t n,
 #define OPK_STACK_SCRATCH 32768
 static inline char *opk_scratch(const opk_kernel *k, char *stack)
 {
-    const size_t bytes = (size_t)k->nops * (size_t)k->tile_len * OPK_CSIZE(k->ccode);
+    const size_t bytes = (size_t)k->nops * (size_t)k->tile_len * OPK_CSIZE(k->ccode)
+                         * (k->htile != NULL ? OPK_HALF_TILES : 1);
     return bytes <= OPK_STACK_SCRATCH ? stack : (char *)PyMem_RawMalloc(bytes);
 }
 
@@ -1147,34 +1154,6 @@ static int opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *
     return 0;
 }
 
-/* A folded sum's partials added up: out[k] = the chunks' partials of element k (p holds nchunks
- * rows of K elements of `lanes` doubles) added in chunk order, each chunk's eight lanes first
- * added pairwise, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)). Threads take whole elements, so
- * the result does not depend on their number. */
-#define OPK_FOLD_BLOCK 64
-static void opk_fold_partials(const double *p, Py_ssize_t nchunks, Py_ssize_t K, int lanes,
-                              double *out, int nt)
-{
-    const Py_ssize_t nb = opk_cdiv(K, OPK_FOLD_BLOCK);
-    /* one thread reads about 20 GB/s here: a second pays off only beyond a few ms of it */
-    nt = nchunks * K * lanes >= (1 << 23) && nb > 1 ? nt : 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if(nt > 1)
-    for (Py_ssize_t b = 0; b < nb; b++) {
-        const Py_ssize_t k0 = b * OPK_FOLD_BLOCK, k1 = K < k0 + OPK_FOLD_BLOCK ? K : k0 + OPK_FOLD_BLOCK;
-        double acc[OPK_FOLD_BLOCK];
-        for (Py_ssize_t c = 0; c < nchunks; c++) {
-            const double *row = p + c * K * lanes;
-            for (Py_ssize_t k = k0; k < k1; k++) {
-                const double *v = row + k * lanes;
-                const double s = lanes == 8 ? ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
-                                            : v[0];
-                acc[k - k0] = c == 0 ? s : acc[k - k0] + s;
-            }
-        }
-        for (Py_ssize_t k = k0; k < k1; k++) out[k] = nchunks > 0 ? acc[k - k0] : 0.0;
-    }
-}
-
 /* Run a kernel over work units [start, stop) (elements, or blocks when transposing); -1 when
  * memory for its buffers cannot be had. Threads call this on disjoint ranges, so each element is
  * computed exactly once and the result does not depend on the number of threads. */
@@ -1203,24 +1182,124 @@ static inline int opk_threads(Py_ssize_t total, int available, Py_ssize_t thresh
     return by_size < available ? (int)by_size : available;
 }
 
+/* The least and greatest of sum_d idx[d] * st[d] over the flat (row-major) indices [s, e) of
+ * dims d .. nd - 1: whole rows of a dim take their extremes at its ends, so a range costs two
+ * paths down the dims. */
+static void opk_span(const Py_ssize_t *shape, const Py_ssize_t *st, int d, int nd, Py_ssize_t s,
+                     Py_ssize_t e, Py_ssize_t *lo, Py_ssize_t *hi)
+{
+    Py_ssize_t sub = 1, flo = 0, fhi = 0;
+    if (d == nd) { *lo = *hi = 0; return; }
+    for (int q = d + 1; q < nd; q++) {
+        sub *= shape[q];
+        flo += st[q] < 0 ? (shape[q] - 1) * st[q] : 0;
+        fhi += st[q] > 0 ? (shape[q] - 1) * st[q] : 0;
+    }
+    const Py_ssize_t a = s / sub, b = (e - 1) / sub;
+    Py_ssize_t l, h;
+    if (s == a * sub && e == (b + 1) * sub) {  /* whole rows a .. b */
+        *lo = flo + (st[d] < 0 ? b : a) * st[d];
+        *hi = fhi + (st[d] < 0 ? a : b) * st[d];
+        return;
+    }
+    if (a == b) {
+        opk_span(shape, st, d + 1, nd, s - a * sub, e - a * sub, &l, &h);
+        *lo = a * st[d] + l;
+        *hi = a * st[d] + h;
+        return;
+    }
+    opk_span(shape, st, d + 1, nd, s - a * sub, sub, &l, &h);   /* the end of row a */
+    *lo = a * st[d] + l;
+    *hi = a * st[d] + h;
+    opk_span(shape, st, d + 1, nd, 0, e - b * sub, &l, &h);     /* the start of row b */
+    if (b * st[d] + l < *lo) *lo = b * st[d] + l;
+    if (b * st[d] + h > *hi) *hi = b * st[d] + h;
+    if (b - a >= 2) {                                           /* rows a + 1 .. b - 1 */
+        const Py_ssize_t r0 = (a + 1) * st[d], r1 = (b - 1) * st[d];
+        if ((r0 < r1 ? r0 : r1) + flo < *lo) *lo = (r0 < r1 ? r0 : r1) + flo;
+        if ((r0 > r1 ? r0 : r1) + fhi > *hi) *hi = (r0 > r1 ? r0 : r1) + fhi;
+    }
+}
+
+/* The partial sums of chunk c's sums: [lo, hi) bytes of each sum's elements (eight float64 lanes
+ * each where the walk adds whole runs into one, opk_accum), kept at `off` in one buffer. */
+typedef struct { Py_ssize_t lo, hi, off; } opk_part;
+
+/* A chunk's partials added into the sums (out[k] += element k's lanes added pairwise,
+ * ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))), for the sum's elements [k0, k1). */
+static inline void opk_fold_chunk(const char *buf, const opk_part *pt, Py_ssize_t ext, double *out,
+                                  Py_ssize_t k0, Py_ssize_t k1)
+{
+    const Py_ssize_t a = pt->lo / ext > k0 ? pt->lo / ext : k0;
+    const Py_ssize_t b = pt->hi / ext < k1 ? pt->hi / ext : k1;
+    for (Py_ssize_t k = a; k < b; k++) {
+        const double *v = (const double *)(buf + pt->off + k * ext - pt->lo);
+        out[k] += ext == 64 ? ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])) : v[0];
+    }
+}
+
 /* A kernel that folds sums into its pass runs in chunks of OPK_ACC_CHUNK elements, each adding
- * into partial sums of its own (acc_slot[a] bytes further on per chunk): the chunks, and so every
- * sum, are the same whatever the number of threads; opkit adds the chunks' sums in order. */
+ * into partial sums of its own: the chunks, and so every sum, are the same whatever the number
+ * of threads. A chunk keeps partials only for the span of each sum's elements it touches (a few
+ * channels' worth, say, of a sum over N, H and W), zeroed as it starts, in cache; the chunks'
+ * partials are then added into the sums in chunk order. -1: no memory; -2: a sum's partials are
+ * not laid out as the walk adds into them. */
 static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, const opk_kernel *k,
                           int nt)
 {
     const Py_ssize_t nchunks = opk_cdiv(total, OPK_ACC_CHUNK), nops = g[OPK_G_NOPS];
+    const Py_ssize_t nd = g[OPK_G_NDIM], *shape = g + OPK_G_SHAPE, *strides = shape + nd;
+    const int na = k->nacc;
+    Py_ssize_t ext[OPK_MAXACC], bytes = 0;
+    for (int a = 0; a < na; a++) {  /* lanes where the walk adds runs whole (opk_accum) */
+        const Py_ssize_t inner = nd > 0 ? strides[(k->nops + a) * nd + nd - 1] : 0;
+        ext[a] = k->acc_lanes[a] ? 64 : 8;
+        if ((inner == 0) != (k->acc_lanes[a] != 0)) return -2;
+    }
+    opk_part *parts = (opk_part *)PyMem_RawMalloc((size_t)(nchunks * na) * sizeof(opk_part) + 1);
+    if (parts == NULL) return -1;
+    for (Py_ssize_t c = 0; c < nchunks; c++) {
+        const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
+        for (int a = 0; a < na; a++) {
+            opk_part *pt = parts + c * na + a;
+            opk_span(shape, strides + (k->nops + a) * nd, 0, (int)nd, c * OPK_ACC_CHUNK, stop,
+                     &pt->lo, &pt->hi);
+            pt->hi += ext[a];
+            pt->off = bytes;
+            bytes += pt->hi - pt->lo;
+            if (pt->lo < 0 || pt->lo % ext[a] || pt->hi > k->acc_len[a] * ext[a]) {
+                PyMem_RawFree(parts);
+                return -2;
+            }
+        }
+    }
+    char *buf = (char *)PyMem_RawMalloc((size_t)bytes + 1);
+    if (buf == NULL) { PyMem_RawFree(parts); return -1; }
     int failed = 0;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed) if(nt > 1)
     for (Py_ssize_t c = 0; c < nchunks; c++) {
         char *b[OPK_MAXARR];
-        for (Py_ssize_t o = 0; o < nops; o++)
-            b[o] = base[o] + (o >= k->nops ? c * k->acc_slot[o - k->nops] : 0);
+        for (Py_ssize_t o = 0; o < nops; o++) {
+            if (o < k->nops) { b[o] = base[o]; continue; }
+            const opk_part *pt = parts + c * na + (o - k->nops);
+            memset(buf + pt->off, 0, (size_t)(pt->hi - pt->lo));  /* in cache from here on */
+            b[o] = buf + pt->off - pt->lo;  /* the walk adds at offsets lo .. hi from here */
+        }
         const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
-        for (int a = 0; a < k->nacc; a++)  /* the chunk's partials start at zero, in cache */
-            if (k->acc_slot[a] <= OPK_ZERO_ROWS) memset(b[k->nops + a], 0, (size_t)k->acc_slot[a]);
         failed |= opk_walk(c * OPK_ACC_CHUNK, stop, g, b, k);
     }
+    /* each sum's elements split among the threads, each adding the chunks in order */
+    const int ft = bytes >= (1 << 22) ? nt : 1;
+#pragma omp parallel for num_threads(ft) schedule(static) if(ft > 1)
+    for (int t = 0; t < ft; t++)
+        for (int a = 0; a < na; a++) {
+            const Py_ssize_t K = k->acc_len[a], k0 = K * t / ft, k1 = K * (t + 1) / ft;
+            for (Py_ssize_t q = k0; q < k1; q++) k->acc_out[a][q] = 0.0;
+            for (Py_ssize_t c = 0; c < nchunks; c++)
+                opk_fold_chunk(buf, parts + c * na + a, ext[a], k->acc_out[a], k0, k1);
+        }
+    PyMem_RawFree(buf);
+    PyMem_RawFree(parts);
     return failed ? -1 : 0;
 }
 

@@ -29,7 +29,9 @@ cdef extern from "opkit_kernel.h" nogil:
         int stream
         int nacc
         int acc_src[OPK_MAXACC]
-        Py_ssize_t acc_slot[OPK_MAXACC]
+        double* acc_out[OPK_MAXACC]
+        Py_ssize_t acc_len[OPK_MAXACC]
+        int acc_lanes[OPK_MAXACC]
         opk_htile_fn htile
         opk_htile_fn htile_f
         uint64_t discard
@@ -46,8 +48,6 @@ cdef extern from "opkit_kernel.h" nogil:
     bint opk_vanishes_f(double v)
     int opk_run(const Py_ssize_t* g, char** base, const opk_kernel* k, int available,
                 Py_ssize_t threshold, int max_threads)
-    void opk_fold_partials(const double* p, Py_ssize_t nchunks, Py_ssize_t K, int lanes, double* out,
-                           int nt)
     int opk_run_flat(Py_ssize_t n, char** ptr, const Py_ssize_t* step, const int* code,
                      const opk_kernel* k, int available, Py_ssize_t threshold, int max_threads)
 
@@ -62,20 +62,28 @@ cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row
     return k
 
 
-cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple slots) except -1:
+cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple outs, tuple lanes) except -1:
     """Sums folded into the kernel's pass: `sources` are the operand indexes of the outputs
-    they add up; their partial sums follow the outputs in the operands, each `slots[a]` bytes
-    a chunk."""
+    they add up, `outs` the float64 arrays (C order) they are added up into, `lanes` whether
+    each one's partials are kept as eight lanes. The operands after the outputs lay out each
+    sum's partials for the walk (C order, like outs[a], eight doubles an element with lanes);
+    the kernel keeps only the parts a chunk touches."""
     cdef int a
+    cdef cnp.ndarray out
     if len(sources) > OPK_MAXACC:
         raise ValueError(f"opkit: at most {OPK_MAXACC} sums fold into one kernel")
-    if len(slots) != len(sources):
-        raise ValueError("opkit: a folded sum without its partial sums' chunk stride")
+    if len(outs) != len(sources) or len(lanes) != len(sources):
+        raise ValueError("opkit: a folded sum without the array it adds up into")
     for a in range(len(sources)):
         if not k.nin <= sources[a] < k.nops:
             raise ValueError("opkit: a folded sum adds up an operand that is not an output")
+        out = outs[a]
+        if cnp.PyArray_TYPE(out) != cnp.NPY_DOUBLE or not cnp.PyArray_ISCARRAY(out):
+            raise ValueError("opkit: a folded sum adds up into a writable float64 array in C order")
         k.acc_src[a] = sources[a]
-        k.acc_slot[a] = slots[a]
+        k.acc_out[a] = <double*>cnp.PyArray_DATA(out)
+        k.acc_len[a] = cnp.PyArray_SIZE(out)
+        k.acc_lanes[a] = 1 if lanes[a] else 0
     k.nacc = len(sources)
     return 0
 
@@ -93,8 +101,11 @@ cdef inline int opk_run_arrays(cnp.ndarray geom, tuple arrays, const opk_kernel*
     with nogil:
         failed = opk_run(<const Py_ssize_t*>cnp.PyArray_DATA(geom), base, k, nthreads, threshold,
                          max_threads)
+    if failed == -2:
+        raise RuntimeError("opkit: a folded sum's partials are not laid out as the kernel walks "
+                           "them (a bug in opkit: please report it with the call's shapes)")
     if failed:
-        raise MemoryError("opkit: no memory for a kernel's tile buffers")
+        raise MemoryError("opkit: no memory for a kernel's tile buffers or partial sums")
     return 0
 
 
@@ -111,18 +122,3 @@ cdef inline bint opk_like(object a, cnp.ndarray a0):
         cnp.PyArray_NDIM(<cnp.ndarray>a) == cnp.PyArray_NDIM(a0) and \
         cnp.PyArray_CompareLists(cnp.PyArray_DIMS(<cnp.ndarray>a), cnp.PyArray_DIMS(a0),
                                  cnp.PyArray_NDIM(a0))
-
-
-cdef inline int opk_fold_arrays(cnp.ndarray partial, cnp.ndarray out, int lanes, int nthreads) except -1:
-    """A folded sum's partials (float64, C order: chunks, the sum's elements, lanes) added up into
-    out (float64, C order)."""
-    cdef Py_ssize_t nchunks = cnp.PyArray_DIM(partial, 0) if cnp.PyArray_NDIM(partial) else 0
-    cdef Py_ssize_t k = cnp.PyArray_SIZE(out)
-    if (cnp.PyArray_TYPE(partial) != cnp.NPY_DOUBLE or cnp.PyArray_TYPE(out) != cnp.NPY_DOUBLE
-            or not cnp.PyArray_ISCARRAY_RO(partial) or not cnp.PyArray_ISCARRAY(out)
-            or lanes not in (1, 8) or cnp.PyArray_SIZE(partial) != nchunks * k * lanes):
-        raise ValueError("opkit: partial sums do not match the sum they add up to")
-    with nogil:
-        opk_fold_partials(<const double*>cnp.PyArray_DATA(partial), nchunks, k, lanes,
-                          <double*>cnp.PyArray_DATA(out), nthreads)
-    return 0

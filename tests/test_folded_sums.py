@@ -222,9 +222,8 @@ def test_sums_of_different_sizes_in_one_kernel(tmp_path):
 
 @pytest.mark.parametrize("c", [8, 64])
 def test_partials_start_at_zero_call_after_call(c):
-    """Chunks' partials of a few channels are zeroed by the kernel (their memory is reused from
-    call to call); a sum per pixel (long rows of partials) is zeroed by its allocation: both
-    give the same sums on every call, several chunks each."""
+    """Each chunk zeroes the partials it keeps (a few channels' worth, or a sum per pixel's
+    span of pixels) as it starts: the same sums on every call, several chunks each."""
     op = opkit.get("spatial_leaky_relu")
     rng = np.random.default_rng(c)
     x = rng.standard_normal((2, 64, 64, c))
@@ -241,3 +240,42 @@ def test_partials_start_at_zero_call_after_call(c):
     np.testing.assert_allclose(first[0][1], expected, rtol=1e-12, atol=1e-12)
     g, gb = _fused_bias_reference(x, b, dy, "NHWC")
     np.testing.assert_allclose(first[1][1], gb, rtol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def span_probe(tmp_path_factory):
+    path = write_op(tmp_path_factory.mktemp("span"),
+                    "name: chunk_span_probe\n"
+                    "inputs:\n  x: {dtypes: [float32, float64], layouts: [NCHW, NHWC]}\n"
+                    "outputs:\n  s0: {}\n  s1: {}\n  s2: {}\n"
+                    "forward:\n  s0: sum(x * 1.5, H)\n  s1: sum(x * 2.5, C)\n"
+                    "  s2: sum(sum(sum(x * 0.5, N), H), W)\n")
+    opkit.load(path)
+    return opkit.get("chunk_span_probe")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("view", ["plain", "reversed", "strided"])
+def test_each_chunk_keeps_the_span_of_sums_it_touches(span_probe, layout, view):
+    """A chunk keeps partials only for the span of each sum's elements it touches: sums over a
+    dim that is not the innermost (the partials' inner stride is not one element), over the
+    channels, and over every dim but the channels, in both layouts and through reversed and strided
+    views (the walk goes through memory backwards or in steps), many chunks whose spans cross
+    rows and images: NumPy's sums, and the same bits for 1, 2 and 3 threads."""
+    op = span_probe
+    rng = np.random.default_rng(11)
+    nchw = (3, 5, 97, 131)                                   # 5.8 chunks, odd everything
+    base = rng.standard_normal((3, 5, 97, 2 * 131) if view == "strided" else nchw)
+    x = {"plain": base, "reversed": base[:, ::-1, ::-1], "strided": base[..., ::2]}[view]
+    if layout == "NHWC":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    arg = x if layout == "NCHW" else x.transpose(0, 2, 3, 1)
+    results = []
+    for threads in (1, 2, 3):
+        with opkit.config(num_threads=threads):
+            results.append(op(arg, layout=layout))
+    want = ((x * 1.5).sum(axis=2), (x * 2.5).sum(axis=1), (x * 0.5).sum(axis=(0, 2, 3)))
+    for got in results:
+        for g, w in zip(got, want):   # (sums come in the dims' logical order)
+            np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-11)
+        assert all(np.array_equal(a, b) for a, b in zip(got, results[0]))

@@ -271,9 +271,9 @@ def test_source_defines_kernel_functions_per_compute_type():
     spec, graphs, lowered, target = leaky()
     src = source(spec, graphs, lowered, target)
     defs = re.findall(r"^def (\w+)\(", src, re.M)
-    # the folded sums' adder, one entry per kernel and compute type (int32 for int8/int16 data,
-    # int64 for int32 data; no integer backward), and the direct calls of the one-kernel passes
-    assert defs == ["fold_partials", "fwd0_f", "fwd0_d", "fwd0_i", "fwd0_l", "bwd0_f", "bwd0_d",
+    # one entry per kernel and compute type (int32 for int8/int16 data, int64 for int32 data;
+    # no integer backward), and the direct calls of the one-kernel passes
+    assert defs == ["fwd0_f", "fwd0_d", "fwd0_i", "fwd0_l", "bwd0_f", "bwd0_d",
                     "fast_forward", "fast_backward"]
     assert 'KERNELS = ("fwd0_f", "fwd0_d", "fwd0_i", "fwd0_l", "bwd0_f", "bwd0_d", )' in src
     assert re.search(r"^cdef inline void fwd0_f_tile\(.*\) noexcept nogil:$", src, re.M)
@@ -290,8 +290,7 @@ def test_functions_follow_the_dtypes(dtypes, defs):
     spec, graphs, lowered, target = build("where(x > 0, x, 0.5 * x)",
                                           inputs=(("x", f"{{dtypes: {dtypes}}}"),))
     src = source(spec, graphs, lowered, target)
-    assert re.findall(r"^def (\w+)\(", src, re.M) == ["fold_partials"] + defs + ["fast_forward",
-                                                                              "fast_backward"]
+    assert re.findall(r"^def (\w+)\(", src, re.M) == defs + ["fast_forward", "fast_backward"]
     # the direct call runs the forward kernel's instances
     assert re.findall(r"kern = opk_make\((fwd0_\w)_step", src) == defs[:1]
 
@@ -374,8 +373,8 @@ def _check_printable_header(src, spec):
             tail = line.split("  # ", 1)[1]
             assert tail.isprintable() and not set(tail) & set("\"'\\"), repr(line)
     # the body still has the code it should have
-    # the folded sums' adder, four kernels and the direct calls
-    assert len(re.findall(r"^def \w+\(", src, re.M)) == 7
+    # four kernels and the direct calls
+    assert len(re.findall(r"^def \w+\(", src, re.M)) == 6
 
 
 @pytest.mark.parametrize("odd", ODD_NAMES)

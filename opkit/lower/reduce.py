@@ -15,9 +15,6 @@ from .plan import Kernel, Kind, LibCall, Plan
 
 MAX_SUMS = 4            # sums one kernel may fold (OPK_MAXACC)
 SUM_CHUNK = 1 << 15     # elements per chunk of partial sums (OPK_ACC_CHUNK)
-# bytes of a chunk's partials up to which the kernel zeroes them as it starts the chunk
-# (OPK_ZERO_ROWS); larger rows (a sum per pixel) are zeroed lazily by the allocation instead
-ZERO_ROWS = 1 << 18
 
 
 def fold_sums(plan: Plan) -> Plan:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -14,10 +13,9 @@ from ..dsl import named
 from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
 from ..lower.epilogue import physical
-from ..lower.reduce import SUM_CHUNK, ZERO_ROWS
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
-from .geometry import geometry, operand_strides
+from .geometry import geometry, operand_strides, walk_dims
 
 Array = Tuple[np.ndarray, Tuple[str, ...]]   # an array and the dim names of its axes
 
@@ -77,6 +75,29 @@ def _block_strides(arr: np.ndarray, names, axes) -> Optional[Tuple[int, int, int
             return None
     return tuple(0 if a is None or a not in names or arr.shape[names.index(a)] == 1
                  else arr.strides[names.index(a)] for a in axes)
+
+
+_ANCHOR = np.zeros(1)  # the memory a partials layout views: the kernel never reads it
+
+
+@dataclass
+class _Folded:
+    """A sum folded into a kernel's pass: `total` (float64) is what the kernel adds it up into,
+    over the dims `names`; with `lanes`, the kernel keeps eight partial lanes an element."""
+
+    total: np.ndarray
+    names: Tuple[str, ...]
+    lanes: bool
+
+    def layout(self) -> np.ndarray:
+        """How the kernel addresses the partials: `total`'s shape in C order, 64 bytes an
+        element with lanes (else 8). Only its strides are used: the kernel keeps each chunk's
+        touched span in a buffer of its own."""
+        strides, step = [], 64 if self.lanes else 8
+        for n in reversed(self.total.shape):
+            strides.append(step)
+            step *= max(n, 1)
+        return np.lib.stride_tricks.as_strided(_ANCHOR, self.total.shape, tuple(reversed(strides)))
 
 
 @dataclass
@@ -198,8 +219,7 @@ class Executor:
             # a result that lands in an output as it is gets clamped on store
             clips = tuple((-clip, clip) if v.kind is Kind.OUTPUT or v in landed
                           else (-np.inf, np.inf) for v in step.outputs)
-        sums = self._partials(summed, env, values, env[step.outputs[0]][0].size,
-                              self._lanes(step, env, summed))
+        sums = self._sums(summed, env, values, self._lanes(step, env, summed))
         later = ()
         if sums and clips is not None:
             # a folded sum adds up the gradient as computed; what lands in an output is clamped
@@ -208,15 +228,12 @@ class Executor:
             later = [v for v, c in zip(step.outputs, clips) if v in sources and c[0] != -np.inf]
             clips = tuple((-np.inf, np.inf) if v in sources else c for v, c in zip(step.outputs, clips))
         self._kernel(step, env, bound, st.module, st.tag, self._writes_given(step, st), clips,
-                     [(step.outputs.index(c.args[0]), partial) for c, partial in zip(summed, sums)],
+                     [(step.outputs.index(c.args[0]), folded) for c, folded in zip(summed, sums)],
                      discard)
         for v in later:
             np.clip(env[v][0], -clip, clip, out=env[v][0])
-        for c, (partial, names) in zip(summed, sums):
-            lanes = 8 if partial.ndim > len(names) + 1 else 1
-            total = np.empty(partial.shape[1:partial.ndim - (lanes > 1)])
-            st.module.fold_partials(partial, total, lanes, setting("num_threads"))
-            self._put(c.result, (total.astype(st.temp_dtype), names), env,
+        for c, folded in zip(summed, sums):
+            self._put(c.result, (folded.total.astype(st.temp_dtype), folded.names), env,
                       out_dtypes, like, clip, st.temp_dtype, st.final)
 
     @staticmethod
@@ -230,11 +247,12 @@ class Executor:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
         the output's fastest dim): then it is kept as eight lanes (opk_accum)."""
         out_arr, iter_names = env[k.outputs[0]]
-        order = [d for d in np.argsort([abs(s) for s in out_arr.strides], kind="stable")
-                 if out_arr.shape[d] > 1]
-        if not order:
+        operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
+        strides = [operand_strides(arr, nm, iter_names, out_arr.shape) for arr, nm in operands]
+        dims = walk_dims(out_arr.shape, strides, len(k.inputs), len(operands))
+        if not dims:
             return [True] * len(calls)
-        fastest = iter_names[order[0]]
+        fastest = iter_names[dims[-1]]  # the walk's innermost dim (geometry)
         lanes = []
         for c in calls:
             if c.prim == "sum_to":
@@ -257,15 +275,12 @@ class Executor:
         return True
 
     @staticmethod
-    def _partials(calls: List[LibCall], env: Dict[Value, Array], values, total: int,
-                  lanes: List[bool]) -> List[Array]:
-        """float64 partial sums for folded sums: one row per chunk of SUM_CHUNK elements (at
-        least one), over the dims a `sum` keeps or in the shape a `sum_to` sums to, and eight
-        lanes each where `lanes` says. The kernel zeroes a chunk's rows of up to ZERO_ROWS bytes
-        as it starts the chunk; longer ones (and the one row of a call with no elements, which
-        runs no kernel) are zeroed here, lazily by the allocation."""
+    def _sums(calls: List[LibCall], env: Dict[Value, Array], values,
+              lanes: List[bool]) -> List["_Folded"]:
+        """What each folded sum adds up into (float64, zero until a kernel runs), over the dims a
+        `sum` keeps or in the shape a `sum_to` sums to, and how the kernel lays out its partials:
+        eight lanes an element where `lanes` says."""
         out = []
-        rows = (max(-(-total // SUM_CHUNK), 1),)
         for c, lane in zip(calls, lanes):
             if c.prim == "sum_to":
                 target, names = env[values[c.params[0]]]
@@ -274,9 +289,7 @@ class Executor:
                 arr, arr_names = env[c.args[0]]
                 names = tuple(n for n in arr_names if n in c.params[0])
                 shape = tuple(arr.shape[arr_names.index(n)] for n in names)
-            row = shape + ((8,) if lane else ())
-            small = 8 * math.prod(row) <= ZERO_ROWS
-            out.append(((np.empty if total and small else np.zeros)(rows + row), names))
+            out.append(_Folded(np.zeros(shape), names, lane))
         return out
 
     def _fused(self, step: Fused, st: "_State") -> bool:
@@ -368,12 +381,12 @@ class Executor:
     def _kernel(self, k: Kernel, env: Dict[Value, Array], bound: Bound, module, tag: str,
                 warm: bool, clips=None, sums: Sequence[Tuple[int, Array]] = (),
                 discard: int = 0) -> None:
-        """`sums`: (output index, partial sums) of the sums folded into `k` that this call adds
-        up (their first chunk's row is the operand; the kernel moves on a row per chunk)."""
+        """`sums`: (output index, _Folded) of the sums folded into `k` that this call adds up
+        (the layout of each one's partials is an operand: the kernel keeps the parts a chunk
+        touches)."""
         out_arr, iter_names = env[k.outputs[0]]
         operands = ([env[v] for v in k.inputs] + [env[v] for v in k.outputs]
-                    + [(partial[0] if partial.ndim == len(names) + 1 else partial[0, ..., 0], names)
-                       for _, (partial, names) in sums])
+                    + [(folded.layout(), folded.names) for _, folded in sums])
         ccode = TAG_CODES[tag]
         key = (k.name, iter_names, out_arr.shape, ccode,
                tuple((arr.shape, arr.strides, arr.dtype, nm) for arr, nm in operands))
@@ -391,7 +404,8 @@ class Executor:
         extra = {}
         if sums:
             extra = {"sums": tuple(len(k.inputs) + i for i, _ in sums),
-                     "sum_slots": tuple(partial.strides[0] for _, (partial, _) in sums),
+                     "sum_outs": tuple(folded.total for _, folded in sums),
+                     "sum_lanes": tuple(folded.lanes for _, folded in sums),
                      "discard": discard}
         fn(*args, clips, **extra) if clips is not None else fn(*args, **extra)
 
@@ -410,7 +424,7 @@ class Executor:
         geom = geometry(tuple(iter_shape), tuple(strides),
                         tuple(DTYPE_CODES[dtype_name(arr.dtype)] for arr, _ in operands),
                         tuple(arr.itemsize for arr, _ in operands), len(k.outputs) + nsums, ccode,
-                        transpose=not nsums)
+                        transpose=not nsums, nsums=nsums)
         geom.flags.writeable = False
         return geom
 

@@ -16,20 +16,31 @@ import numpy as np
 _MIN_TRANSPOSE = 8
 
 
+def walk_dims(shape: Sequence[int], strides: Sequence[Sequence[int]], lead: int,
+              nkey: int) -> List[int]:
+    """The dims a walk goes over, outermost first: those of more than one element, in operand
+    `lead`'s memory order, ties broken by the others' among the first `nkey` operands."""
+    order = [lead] + [k for k in range(nkey) if k != lead]
+    dims = [d for d, n in enumerate(shape) if n != 1]
+    dims.sort(key=lambda d: tuple(-abs(strides[k][d]) for k in order))
+    return dims
+
+
 def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequence[int],
-             itemsizes: Sequence[int], nout: int, ccode: int, transpose: bool = True) -> np.ndarray:
+             itemsizes: Sequence[int], nout: int, ccode: int, transpose: bool = True,
+             nsums: int = 0) -> np.ndarray:
     """The intp array opk_walk reads (templates/opkit_kernel.h):
     [ndim, nops, nout, tdim, ccode, shape..., strides[op][dim]..., codes...].
 
     The outputs are the last `nout` operands; the first of them leads: the iteration follows
     its memory order. When an input is contiguous along another dim than the output (an NCHW
     array written into NHWC memory), `tdim` names that dim and the kernel walks in blocks,
-    transposing through a buffer, so both sides are read and written in their own order."""
+    transposing through a buffer, so both sides are read and written in their own order.
+    The last `nsums` operands (folded sums' partials) do not steer the order: how they are laid
+    out depends on it (Executor._lanes)."""
     nops = len(strides)
     lead = nops - nout
-    dims = [d for d, n in enumerate(shape) if n != 1]
-    order = [lead] + [k for k in range(nops) if k != lead]
-    dims.sort(key=lambda d: tuple(-abs(strides[k][d]) for k in order))
+    dims = walk_dims(shape, strides, lead, nops - nsums)
     out_shape: List[int] = []
     out_strides: List[List[int]] = [[] for _ in range(nops)]
     for d in dims:
