@@ -152,3 +152,34 @@ def test_half_strided_inputs_into_a_streamed_output(op, n):
     dx = _aligned_at(n, 5)
     op.backward(dy, x, alpha=0.3, out=(dx,))
     _assert_same_bits(dx, _half_backward(dy, x, 0.3))
+
+
+@pytest.mark.parametrize("name", ["leaky_relu", "fused_bias_leaky_relu", "spatial_leaky_relu",
+                                  "conditional_leaky_relu"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_float16_gradient_clip_is_the_clamp_of_every_gradient(name, layout):
+    """backward(clip=c) in float16 is every unclipped gradient clamped to [-c, c] (NaN kept),
+    bit for bit: for the gradients the float16 loops store and for those a folded sum adds up
+    (clamped after the sum)."""
+    op = opkit.get(name)
+    rng = np.random.default_rng(3)
+    shape = (2, 16, 45, 47) if layout == "NCHW" else (2, 45, 47, 16)
+    x = rng.standard_normal(shape).astype(np.float16)
+    dy = (rng.standard_normal(shape) * 3).astype(np.float16)
+    x.flat[:3] = [0.0, np.nan, -0.0]
+    extra = {"leaky_relu": (),
+             "fused_bias_leaky_relu": (rng.standard_normal(16).astype(np.float16),),
+             "spatial_leaky_relu": (rng.uniform(0.1, 0.3, shape[:1] + (1,) + shape[2:]
+                                                if layout == "NCHW" else shape[:3] + (1,))
+                                    .astype(np.float16),),
+             "conditional_leaky_relu": (rng.standard_normal((2, 8)).astype(np.float16),
+                                        rng.standard_normal((8, 16)).astype(np.float16),
+                                        rng.standard_normal(16).astype(np.float16))}[name]
+    for threads in (1, 2):
+        with opkit.config(num_threads=threads):
+            free = op.backward(dy, x, *extra, layout=layout)
+            clipped = op.backward(dy, x, *extra, layout=layout, clip=0.75)
+        for f, c in zip(free, clipped):
+            assert np.any(np.abs(f) > 0.75)   # the data tells clipped from not
+            want = np.clip(f, np.float16(-0.75), np.float16(0.75))
+            _assert_same_bits(c, want)
