@@ -32,7 +32,8 @@ typedef const int64_t *__restrict opk_clp;
 
 /* The storage dtype codes (OPK_F16 ...) and OPK_MAXOPS come from opkit itself: the generated
  * module defines them (opkit/codegen/render.py: DTYPE_CODES, MAX_OPERANDS) before this header. */
-#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK)
+#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK) || \
+    !defined(OPK_LANE_BYTES)
 #error "opkit_kernel.h is included by opkit's generated modules, which define the dtype codes"
 #endif
 
@@ -606,7 +607,8 @@ typedef struct {
     int acc_src[OPK_MAXACC];   /* the output (operand index) each sum adds up */
     double *acc_out[OPK_MAXACC];   /* per sum: where its elements are added up (float64), */
     Py_ssize_t acc_len[OPK_MAXACC];  /* how many there are, */
-    int acc_lanes[OPK_MAXACC];       /* and whether each is kept as eight lanes (opk_accum) */
+    int acc_lanes[OPK_MAXACC];       /* and whether each is kept as lanes (opk_lanes) */
+    int acc_fblock;                  /* float32 lanes add blocks first (float16 data) */
     opk_htile_fn htile;        /* NULL, or the element loop on float16 operands (stored as they
                                 * are; converted in registers): contiguous float16, inputs of
                                 * step 0, and float inputs (a float16 call's float temps) */
@@ -646,43 +648,142 @@ static inline void opk_stream_c(int ccode, char *dst, const char *src, Py_ssize_
     else opk_stream_f((float *)dst, (const float *)src, n);
 }
 
+/* A sum the walk adds whole runs into is kept as lanes: eight float64 lanes, element p going
+ * to lane p % 8, each adding its elements in the walk's order. On float16 (and bfloat16) data,
+ * whose own rounding is 2^13 times coarser, a float32 kernel first adds the elements of each
+ * block of OPK_FBLOCK positions (aligned to the walk's start) into sixteen float32 lanes
+ * (element p to lane p % 16, eight terms each), then float lane l and l + 8 into float64 lane
+ * l: a quarter of the float64 work, and the same numbers however the walk is cut (the block
+ * being added is kept with its number; blocks never straddle a chunk). */
+#define OPK_FBLOCK 128
+typedef struct {
+    double s[8];     /* the float64 lanes */
+    float f[16];     /* the float32 lanes of block `block` */
+    int64_t block;
+    int64_t unused[7];
+} opk_lanes;
+_Static_assert(sizeof(opk_lanes) == OPK_LANE_BYTES, "opk_lanes: OPK_LANE_BYTES (opkit/lower/reduce.py)");
+
+/* the float32 lanes added into the float64 lanes (lane l, then l + 8), and cleared */
+static inline void opk_lanes_flush(opk_lanes *L)
+{
+    for (int l = 0; l < 8; l++) {
+        L->s[l] += (double)L->f[l];
+        L->s[l] += (double)L->f[l + 8];
+    }
+    memset(L->f, 0, sizeof L->f);
+}
+
+/* a lanes sum's value: its float64 lanes after the last flush, added pairwise,
+ * ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) */
+static inline double opk_lanes_value(const opk_lanes *L)
+{
+    double s[8];
+    for (int l = 0; l < 8; l++) s[l] = (L->s[l] + (double)L->f[l]) + (double)L->f[l + 8];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* Whole blocks of float32 results into lanes: each block's sixteen float lanes in two vector
+ * registers (the same adds as the plain loop in opk_accum_lanes_f), then into the float64 lanes. */
+static inline void opk_accum_blocks_f(opk_lanes *L, const float *v, Py_ssize_t nblocks)
+{
+#if OPK_F16_HW
+    __m256d lo = _mm256_loadu_pd(L->s), hi = _mm256_loadu_pd(L->s + 4);
+    for (Py_ssize_t b = 0; b < nblocks; b++, v += OPK_FBLOCK) {
+        __m256 a = _mm256_loadu_ps(v), c = _mm256_loadu_ps(v + 8);
+        for (int k = 16; k < OPK_FBLOCK; k += 16) {
+            a = _mm256_add_ps(a, _mm256_loadu_ps(v + k));
+            c = _mm256_add_ps(c, _mm256_loadu_ps(v + k + 8));
+        }
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(c)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(c, 1)));
+    }
+    _mm256_storeu_pd(L->s, lo);
+    _mm256_storeu_pd(L->s + 4, hi);
+#else
+    for (Py_ssize_t b = 0; b < nblocks; b++, v += OPK_FBLOCK) {
+        for (int k = 0; k < OPK_FBLOCK; k++) L->f[k & 15] = k < 16 ? v[k] : L->f[k & 15] + v[k];
+        opk_lanes_flush(L);
+    }
+#endif
+}
+
+/* Elements pos .. pos + n of the walk (float32) into a lanes sum. */
+static inline void opk_accum_lanes_f(opk_lanes *L, const float *v, Py_ssize_t n, Py_ssize_t pos)
+{
+    Py_ssize_t j = 0;
+    while (j < n) {
+        const Py_ssize_t p = pos + j, b = p / OPK_FBLOCK;
+        if (b != L->block) {  /* a block the walk left unfinished here (it went elsewhere) */
+            opk_lanes_flush(L);
+            L->block = b;
+        }
+        if (p % OPK_FBLOCK == 0 && n - j >= OPK_FBLOCK) {  /* whole blocks */
+            const Py_ssize_t nb = (n - j) / OPK_FBLOCK;
+            opk_accum_blocks_f(L, v + j, nb);
+            j += nb * OPK_FBLOCK;
+            L->block = (pos + j) / OPK_FBLOCK;
+            continue;
+        }
+        const Py_ssize_t end = (b + 1) * OPK_FBLOCK - pos, stop = end < n ? end : n;
+        for (; j < stop && ((pos + j) & 15); j++) L->f[(pos + j) & 15] += v[j];
+#if OPK_F16_HW
+        if (j + 16 <= stop) {  /* lanes 0-7 and 8-15 side by side: the same adds */
+            __m256 a = _mm256_loadu_ps(L->f), c = _mm256_loadu_ps(L->f + 8);
+            for (; j + 16 <= stop; j += 16) {
+                a = _mm256_add_ps(a, _mm256_loadu_ps(v + j));
+                c = _mm256_add_ps(c, _mm256_loadu_ps(v + j + 8));
+            }
+            _mm256_storeu_ps(L->f, a);
+            _mm256_storeu_ps(L->f + 8, c);
+        }
+#endif
+        for (; j < stop; j++) L->f[(pos + j) & 15] += v[j];
+        if (j == end) {  /* the block is complete */
+            opk_lanes_flush(L);
+            L->block = b + 1;
+        }
+    }
+}
+
+/* Elements pos .. pos + n of the walk (float32) straight into a lanes sum's float64 lanes. */
+static inline void opk_accum_lanes_d(opk_lanes *L, const float *v, Py_ssize_t n, Py_ssize_t pos)
+{
+    Py_ssize_t j = 0;
+    for (; j < n && ((pos + j) & 7); j++) L->s[(pos + j) & 7] += (double)v[j];
+#if OPK_F16_HW
+    /* the lanes in two registers (gcc leaves the loop below scalar): the same adds */
+    __m256d lo = _mm256_loadu_pd(L->s), hi = _mm256_loadu_pd(L->s + 4);
+    for (; j + 8 <= n; j += 8) {
+        const __m256 f = _mm256_loadu_ps(v + j);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+    }
+    _mm256_storeu_pd(L->s, lo);
+    _mm256_storeu_pd(L->s + 4, hi);
+#endif
+    for (; j < n; j++) L->s[(pos + j) & 7] += (double)v[j];
+}
+
 /* Sums folded into a kernel's pass: a tile's results (compute type, contiguous), elements
  * pos .. pos + n of the walk, added into float64 partial sums `step` bytes apart. With step 0
- * the run adds into one sum, held as eight lanes (64 bytes): element i goes to lane i % 8, so
- * the lanes vectorize and each lane adds its elements in the walk's order, however the walk is
- * cut into runs (by threads, rows or strides); opkit adds the lanes pairwise at the end. */
-static inline void opk_accum(int ccode, char *acc, Py_ssize_t step, const char *src, Py_ssize_t n,
-                             Py_ssize_t pos)
+ * the run adds into one sum, kept as lanes (opk_lanes), so each sum adds its elements in the
+ * same order however the walk is cut into runs (by threads, rows or strides). */
+static inline void opk_accum(int ccode, int fblock, char *acc, Py_ssize_t step, const char *src,
+                             Py_ssize_t n, Py_ssize_t pos)
 {
     if (step == 0) {
-        double s[8];
-        memcpy(s, acc, sizeof s);
-        Py_ssize_t j = 0;
+        opk_lanes *L = (opk_lanes *)acc;
         if (ccode == OPK_F64) {
             const double *v = (const double *)src;
-            for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += v[j];
-            for (; j + 8 <= n; j += 8)
-                for (int l = 0; l < 8; l++) s[l] += v[j + l];
-            for (; j < n; j++) s[(pos + j) & 7] += v[j];
+            for (Py_ssize_t j = 0; j < n; j++) L->s[(pos + j) & 7] += v[j];
+        } else if (fblock) {
+            opk_accum_lanes_f(L, (const float *)src, n, pos);
         } else {
-            const float *v = (const float *)src;
-            for (; j < n && ((pos + j) & 7); j++) s[(pos + j) & 7] += (double)v[j];
-#if OPK_F16_HW
-            /* the lanes in two registers (gcc leaves the loop below scalar): the same adds */
-            __m256d lo = _mm256_loadu_pd(s), hi = _mm256_loadu_pd(s + 4);
-            for (; j + 8 <= n; j += 8) {
-                const __m256 f = _mm256_loadu_ps(v + j);
-                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
-                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
-            }
-            _mm256_storeu_pd(s, lo);
-            _mm256_storeu_pd(s + 4, hi);
-#endif
-            for (; j + 8 <= n; j += 8)
-                for (int l = 0; l < 8; l++) s[l] += (double)v[j + l];
-            for (; j < n; j++) s[(pos + j) & 7] += (double)v[j];
+            opk_accum_lanes_d(L, (const float *)src, n, pos);
         }
-        memcpy(acc, s, sizeof s);
         return;
     }
     if (ccode == OPK_F64) {
@@ -724,7 +825,7 @@ static inline void opk_accum_cols_f(double *acc, const float *v, Py_ssize_t inne
 
 /* Add a tile of results into a folded sum's partials: the run's elements go to rows of `inner`
  * (the first one `col` elements in), element c of row q to acc + q * rs + c * step. */
-static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_t step,
+static inline void opk_accum_rows(int ccode, int fblock, char *acc, Py_ssize_t rs, Py_ssize_t step,
                                   Py_ssize_t inner, Py_ssize_t col, const char *src, Py_ssize_t n,
                                   Py_ssize_t pos)
 {
@@ -739,7 +840,7 @@ static inline void opk_accum_rows(int ccode, char *acc, Py_ssize_t rs, Py_ssize_
             continue;
         }
         const Py_ssize_t m = inner - col < n ? inner - col : n;
-        opk_accum(ccode, acc + col * step, step, src, m, pos);
+        opk_accum(ccode, fblock, acc + col * step, step, src, m, pos);
         src += m * cs;
         n -= m;
         pos += m;
@@ -839,8 +940,9 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         }
         k->htile_f(m, t, k->ctx, stream, fmask);
         for (int a = 0; a < k->nacc; a++)
-            opk_accum_rows(OPK_F32, ptr[k->nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
-                           step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i);
+            opk_accum_rows(OPK_F32, k->acc_fblock, ptr[k->nops + a] + (i / inner) * acc_rs[a],
+                           acc_rs[a], step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m,
+                           pos + i);
     }
     if (head >= 0) opk_fence();
 }
@@ -908,8 +1010,8 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         }
         k->tile(m, t, k->ctx);
         for (int a = 0; a < k->nacc; a++)  /* the results are still in cache */
-            opk_accum_rows(cc, ptr[nops + a] + (i / inner) * acc_rs[a], acc_rs[a], step[nops + a],
-                           inner, i % inner, t[k->acc_src[a]], m, pos + i);
+            opk_accum_rows(cc, k->acc_fblock, ptr[nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
+                           step[nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i);
         for (int o = nin; o < nops; o++) {
             if (direct[o] && streaming) opk_stream_c(cc, ptr[o] + i * step[o], t[o], m);
             else if (!direct[o] && !(k->discard >> o & 1))
@@ -1221,20 +1323,20 @@ static void opk_span(const Py_ssize_t *shape, const Py_ssize_t *st, int d, int n
     }
 }
 
-/* The partial sums of chunk c's sums: [lo, hi) bytes of each sum's elements (eight float64 lanes
- * each where the walk adds whole runs into one, opk_accum), kept at `off` in one buffer. */
+/* The partial sums of chunk c's sums: [lo, hi) bytes of each sum's elements (opk_lanes each
+ * where the walk adds whole runs into one, opk_accum), kept at `off` in one buffer. */
 typedef struct { Py_ssize_t lo, hi, off; } opk_part;
 
-/* A chunk's partials added into the sums (out[k] += element k's lanes added pairwise,
- * ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))), for the sum's elements [k0, k1). */
+/* A chunk's partials added into the sums (out[k] += element k's partial, its lanes' value
+ * where kept as lanes), for the sum's elements [k0, k1). */
 static inline void opk_fold_chunk(const char *buf, const opk_part *pt, Py_ssize_t ext, double *out,
                                   Py_ssize_t k0, Py_ssize_t k1)
 {
     const Py_ssize_t a = pt->lo / ext > k0 ? pt->lo / ext : k0;
     const Py_ssize_t b = pt->hi / ext < k1 ? pt->hi / ext : k1;
     for (Py_ssize_t k = a; k < b; k++) {
-        const double *v = (const double *)(buf + pt->off + k * ext - pt->lo);
-        out[k] += ext == 64 ? ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])) : v[0];
+        const char *v = buf + pt->off + k * ext - pt->lo;
+        out[k] += ext == OPK_LANE_BYTES ? opk_lanes_value((const opk_lanes *)v) : *(const double *)v;
     }
 }
 
@@ -1253,7 +1355,7 @@ static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, co
     Py_ssize_t ext[OPK_MAXACC], bytes = 0;
     for (int a = 0; a < na; a++) {  /* lanes where the walk adds runs whole (opk_accum) */
         const Py_ssize_t inner = nd > 0 ? strides[(k->nops + a) * nd + nd - 1] : 0;
-        ext[a] = k->acc_lanes[a] ? 64 : 8;
+        ext[a] = k->acc_lanes[a] ? OPK_LANE_BYTES : 8;
         if ((inner == 0) != (k->acc_lanes[a] != 0)) return -2;
     }
     opk_part *parts = (opk_part *)PyMem_RawMalloc((size_t)(nchunks * na) * sizeof(opk_part) + 1);

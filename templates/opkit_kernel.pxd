@@ -32,6 +32,7 @@ cdef extern from "opkit_kernel.h" nogil:
         double* acc_out[OPK_MAXACC]
         Py_ssize_t acc_len[OPK_MAXACC]
         int acc_lanes[OPK_MAXACC]
+        int acc_fblock
         opk_htile_fn htile
         opk_htile_fn htile_f
         uint64_t discard
@@ -58,16 +59,18 @@ cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row
     cdef opk_kernel k
     k.tile, k.rows, k.row_masks, k.ctx = tile, rows, row_masks, ctx
     k.nin, k.nops, k.ccode, k.tile_len, k.stream = nin, nops, ccode, tile_len, stream
-    k.nacc, k.htile, k.htile_f, k.discard = 0, NULL, NULL, 0
+    k.nacc, k.acc_fblock, k.htile, k.htile_f, k.discard = 0, 0, NULL, NULL, 0
     return k
 
 
-cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple outs, tuple lanes) except -1:
+cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple outs, tuple lanes,
+                              bint fblock) except -1:
     """Sums folded into the kernel's pass: `sources` are the operand indexes of the outputs
     they add up, `outs` the float64 arrays (C order) they are added up into, `lanes` whether
-    each one's partials are kept as eight lanes. The operands after the outputs lay out each
-    sum's partials for the walk (C order, like outs[a], eight doubles an element with lanes);
-    the kernel keeps only the parts a chunk touches."""
+    each one's partials are kept as lanes (opk_lanes), `fblock` whether float32 lanes add
+    blocks first (float16 data). The operands after the outputs lay out each sum's partials for
+    the walk (C order, like outs[a], OPK_LANE_BYTES an element with lanes); the kernel keeps
+    only the parts a chunk touches."""
     cdef int a
     cdef cnp.ndarray out
     if len(sources) > OPK_MAXACC:
@@ -85,6 +88,7 @@ cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple outs, tuple la
         k.acc_len[a] = cnp.PyArray_SIZE(out)
         k.acc_lanes[a] = 1 if lanes[a] else 0
     k.nacc = len(sources)
+    k.acc_fblock = fblock
     return 0
 
 

@@ -246,36 +246,47 @@ def test_partials_start_at_zero_call_after_call(c):
 def span_probe(tmp_path_factory):
     path = write_op(tmp_path_factory.mktemp("span"),
                     "name: chunk_span_probe\n"
-                    "inputs:\n  x: {dtypes: [float32, float64], layouts: [NCHW, NHWC]}\n"
-                    "outputs:\n  s0: {}\n  s1: {}\n  s2: {}\n"
+                    "inputs:\n  x: {dtypes: [float16, float32, float64], layouts: [NCHW, NHWC]}\n"
+                    "outputs:\n  s0: {}\n  s1: {}\n  s2: {}\n  s3: {}\n"
                     "forward:\n  s0: sum(x * 1.5, H)\n  s1: sum(x * 2.5, C)\n"
-                    "  s2: sum(sum(sum(x * 0.5, N), H), W)\n")
+                    "  s2: sum(sum(sum(x * 0.5, N), H), W)\n"
+                    "  s3: sum(sum(sum(sum(x * 0.25, N), C), H), W)\n")
     opkit.load(path)
     return opkit.get("chunk_span_probe")
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("view", ["plain", "reversed", "strided"])
-def test_each_chunk_keeps_the_span_of_sums_it_touches(span_probe, layout, view):
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_each_chunk_keeps_the_span_of_sums_it_touches(span_probe, layout, view, dtype):
     """A chunk keeps partials only for the span of each sum's elements it touches: sums over a
     dim that is not the innermost (the partials' inner stride is not one element), over the
-    channels, and over every dim but the channels, in both layouts and through reversed and strided
-    views (the walk goes through memory backwards or in steps), many chunks whose spans cross
-    rows and images: NumPy's sums, and the same bits for 1, 2 and 3 threads."""
+    channels, over every dim but the channels, and over everything, in both layouts and through
+    reversed and strided views (the walk goes through memory backwards or in steps), many chunks
+    whose spans cross rows and images: NumPy's sums, and the same bits for 1, 2 and 3 threads
+    and (float16, whose float32 lanes add blocks that runs leave unfinished and come back to)
+    for the portable build."""
     op = span_probe
     rng = np.random.default_rng(11)
     nchw = (3, 5, 97, 131)                                   # 5.8 chunks, odd everything
-    base = rng.standard_normal((3, 5, 97, 2 * 131) if view == "strided" else nchw)
+    base = rng.standard_normal((3, 5, 97, 2 * 131) if view == "strided" else nchw).astype(dtype)
     x = {"plain": base, "reversed": base[:, ::-1, ::-1], "strided": base[..., ::2]}[view]
     if layout == "NHWC":
         x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     arg = x if layout == "NCHW" else x.transpose(0, 2, 3, 1)
+    runs = [("native", 1), ("native", 2), ("native", 3)]
+    runs += [("portable", 1)] if dtype == "float16" else []
     results = []
-    for threads in (1, 2, 3):
-        with opkit.config(num_threads=threads):
+    for isa, threads in runs:
+        with opkit.config(isa=isa, num_threads=threads):
             results.append(op(arg, layout=layout))
-    want = ((x * 1.5).sum(axis=2), (x * 2.5).sum(axis=1), (x * 0.5).sum(axis=(0, 2, 3)))
+    x64 = x.astype(np.float64)
+    want = ((x64 * 1.5).sum(axis=2), (x64 * 2.5).sum(axis=1), (x64 * 0.5).sum(axis=(0, 2, 3)),
+            (x64 * 0.25).sum())
     for got in results:
         for g, w in zip(got, want):   # (sums come in the dims' logical order)
-            np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-11)
+            if dtype == "float16":    # terms exact in float32, the sum rounded to float16 once
+                np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-6 * np.abs(x64).sum())
+            else:
+                np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-11)
         assert all(np.array_equal(a, b) for a, b in zip(got, results[0]))

@@ -24,7 +24,7 @@ from ..backend import blas
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, Lowered, Reg, Schedule,
                      compute_dtype, cost, listing, quantized)
 from ..lower.fuse import MAX_OPERANDS
-from ..lower.reduce import MAX_SUMS, SUM_CHUNK
+from ..lower.reduce import LANE_BYTES, MAX_SUMS, SUM_CHUNK
 from ..lower.integer import fixed_point_factor
 from ..quantize import M_LIMIT
 from ..spec.model import OpSpec
@@ -529,7 +529,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         directs=directs, codes={CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()},
-        max_operands=MAX_OPERANDS, max_sums=MAX_SUMS, sum_chunk=SUM_CHUNK, fused=fused,
+        max_operands=MAX_OPERANDS, max_sums=MAX_SUMS, sum_chunk=SUM_CHUNK, lane_bytes=LANE_BYTES, fused=fused,
         blas=_printable(lib.describe()) if lib is not None else "")
 
 

@@ -15,6 +15,7 @@ from .plan import Kernel, Kind, LibCall, Plan
 
 MAX_SUMS = 4            # sums one kernel may fold (OPK_MAXACC)
 SUM_CHUNK = 1 << 15     # elements per chunk of partial sums (OPK_ACC_CHUNK)
+LANE_BYTES = 192        # a sum kept as lanes, per element (opk_lanes, OPK_LANE_BYTES)
 
 
 def fold_sums(plan: Plan) -> Plan:

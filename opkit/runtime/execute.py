@@ -13,6 +13,7 @@ from ..dsl import named
 from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
 from ..lower.epilogue import physical
+from ..lower.reduce import LANE_BYTES
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides, walk_dims
@@ -83,17 +84,17 @@ _ANCHOR = np.zeros(1)  # the memory a partials layout views: the kernel never re
 @dataclass
 class _Folded:
     """A sum folded into a kernel's pass: `total` (float64) is what the kernel adds it up into,
-    over the dims `names`; with `lanes`, the kernel keeps eight partial lanes an element."""
+    over the dims `names`; with `lanes`, the kernel keeps each element as lanes (opk_lanes)."""
 
     total: np.ndarray
     names: Tuple[str, ...]
     lanes: bool
 
     def layout(self) -> np.ndarray:
-        """How the kernel addresses the partials: `total`'s shape in C order, 64 bytes an
+        """How the kernel addresses the partials: `total`'s shape in C order, LANE_BYTES an
         element with lanes (else 8). Only its strides are used: the kernel keeps each chunk's
         touched span in a buffer of its own."""
-        strides, step = [], 64 if self.lanes else 8
+        strides, step = [], LANE_BYTES if self.lanes else 8
         for n in reversed(self.total.shape):
             strides.append(step)
             step *= max(n, 1)
@@ -245,7 +246,7 @@ class Executor:
 
     def _lanes(self, k: Kernel, env: Dict[Value, Array], calls: List[LibCall]) -> List[bool]:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
-        the output's fastest dim): then it is kept as eight lanes (opk_accum)."""
+        the output's fastest dim): then it is kept as lanes (opk_lanes)."""
         out_arr, iter_names = env[k.outputs[0]]
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
         strides = [operand_strides(arr, nm, iter_names, out_arr.shape) for arr, nm in operands]
@@ -279,7 +280,7 @@ class Executor:
               lanes: List[bool]) -> List["_Folded"]:
         """What each folded sum adds up into (float64, zero until a kernel runs), over the dims a
         `sum` keeps or in the shape a `sum_to` sums to, and how the kernel lays out its partials:
-        eight lanes an element where `lanes` says."""
+        as lanes (opk_lanes) where `lanes` says."""
         out = []
         for c, lane in zip(calls, lanes):
             if c.prim == "sum_to":
@@ -406,6 +407,8 @@ class Executor:
             extra = {"sums": tuple(len(k.inputs) + i for i, _ in sums),
                      "sum_outs": tuple(folded.total for _, folded in sums),
                      "sum_lanes": tuple(folded.lanes for _, folded in sums),
+                     # float16 data: float32 lanes add blocks first (opk_lanes)
+                     "sum_blocks": dtype_name(bound.dtype) in ("float16", "bfloat16"),
                      "discard": discard}
         fn(*args, clips, **extra) if clips is not None else fn(*args, **extra)
 
