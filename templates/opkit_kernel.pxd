@@ -76,13 +76,16 @@ cdef inline int opk_fold_sums(opk_kernel* k, tuple sources, tuple outs, tuple la
     if len(sources) > OPK_MAXACC:
         raise ValueError(f"opkit: at most {OPK_MAXACC} sums fold into one kernel")
     if len(outs) != len(sources) or len(lanes) != len(sources):
-        raise ValueError("opkit: a folded sum without the array it adds up into")
+        raise ValueError(f"opkit: {len(sources)} folded sums need as many arrays to add up into "
+                         f"and lanes flags; given {len(outs)} and {len(lanes)}")
     for a in range(len(sources)):
         if not k.nin <= sources[a] < k.nops:
             raise ValueError("opkit: a folded sum adds up an operand that is not an output")
         out = outs[a]
         if cnp.PyArray_TYPE(out) != cnp.NPY_DOUBLE or not cnp.PyArray_ISCARRAY(out):
-            raise ValueError("opkit: a folded sum adds up into a writable float64 array in C order")
+            raise ValueError(f"opkit: folded sum {a} adds up into a writable float64 array in C "
+                             f"order; it was given {out.dtype}, C-contiguous {out.flags.c_contiguous}, "
+                             f"writable {out.flags.writeable}")
         k.acc_src[a] = sources[a]
         k.acc_out[a] = <double*>cnp.PyArray_DATA(out)
         k.acc_len[a] = cnp.PyArray_SIZE(out)

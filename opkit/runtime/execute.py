@@ -407,8 +407,9 @@ class Executor:
             extra = {"sums": tuple(len(k.inputs) + i for i, _ in sums),
                      "sum_outs": tuple(folded.total for _, folded in sums),
                      "sum_lanes": tuple(folded.lanes for _, folded in sums),
-                     # float16 data: float32 lanes add blocks first (opk_lanes)
-                     "sum_blocks": dtype_name(bound.dtype) in ("float16", "bfloat16"),
+                     # data stored narrower than computed (float16): float32 lanes add blocks
+                     # first (opk_lanes)
+                     "sum_blocks": bound.dtype.itemsize < _instance(bound.dtype)[1].itemsize,
                      "discard": discard}
         fn(*args, clips, **extra) if clips is not None else fn(*args, **extra)
 
