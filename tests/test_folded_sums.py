@@ -41,6 +41,27 @@ def test_the_bias_gradient_is_summed_in_the_kernel_that_writes_dx():
     assert "sum(tmp0, keep=[C]) in the same pass" in k.describe_writes()
 
 
+
+def test_calls_that_take_turns_in_memory_order_keep_their_own_sums():
+    """What a call decides from its layout alone (the iteration space, whether a sum is kept as
+    lanes, the geometry) is remembered per layout: the same logical shape stored NCHW, NHWC and
+    as reversed views, called in turns, each sums along its own memory order."""
+    op = opkit.get("fused_bias_leaky_relu")
+    rng = np.random.default_rng(5)
+    c, shape = 5, (2, 5, 37, 41)
+    x64 = rng.standard_normal(shape)
+    dy64 = rng.standard_normal(shape)
+    b = rng.standard_normal(c)
+    g, gb = _fused_bias_reference(x64, b, dy64, "NCHW")
+    stores = [lambda a: a, lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2),
+              lambda a: np.ascontiguousarray(a[:, :, ::-1, ::-1])[:, :, ::-1, ::-1]]
+    for _ in range(2):
+        for store in stores:
+            dx, db = op.backward(store(dy64), store(x64), b)
+            np.testing.assert_allclose(db, gb, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(dx, g, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype, rtol", [("float64", 1e-12), ("float32", 1e-5), ("float16", 3e-3)])
 @pytest.mark.parametrize("size", [0, 1, 7 * 3, SUM_CHUNK - 6, SUM_CHUNK, SUM_CHUNK + 6, 3 * SUM_CHUNK + 10])

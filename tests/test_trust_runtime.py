@@ -194,6 +194,14 @@ def test_values_computed_from_attrs_alone_are_computed_in_double(attr_ops):
     # an attr used only inside such a value may be anything double holds
     for call in both_paths(ap, x, a=1e300, b=1e-300, c=2.0):
         np.testing.assert_array_equal(call(), x * np.float32(0.5))
+    # a check that passed is remembered for those attrs only: the refusal comes back after it
+    for c in (1e30, 1.0, 1e30, 1.0):
+        call = both_paths(ap, x, a=1e30, b=1e30, c=c)[1]
+        if c == 1.0:
+            with pytest.raises(ValueError, match="which does not fit float32"):
+                call()
+        else:
+            np.testing.assert_array_equal(call(), (x.astype(np.float64) * 1e30).astype(np.float32))
 
 
 def test_float32_nan_only_where_the_formula_gives_nan(attr_ops):

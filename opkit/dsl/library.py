@@ -6,6 +6,7 @@ by the reference in float64), a dims rule and a derivative rule next to it. Argu
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
@@ -203,12 +204,17 @@ def _letters(*name_lists):
     return table
 
 
+@functools.lru_cache(maxsize=512)
+def _subscripts(an, bn, out_dims) -> str:
+    table = _letters(an, bn, out_dims)
+    return f"{''.join(table[n] for n in an)},{''.join(table[n] for n in bn)}->" \
+           f"{''.join(table[n] for n in out_dims)}"
+
+
 def _run_einsum(ctx: Context, args, params):
     (a, an), (b, bn) = args
     out_dims = params[2]  # the declared dims name the contraction; the arrays' own names place them
-    table = _letters(an, bn, out_dims)
-    sub = f"{''.join(table[n] for n in an)},{''.join(table[n] for n in bn)}->" \
-          f"{''.join(table[n] for n in out_dims)}"
+    sub = _subscripts(tuple(an), tuple(bn), tuple(out_dims))
     # small products stay out of BLAS: its worker threads keep spinning after a call and would
     # compete with the kernels that follow for the same cores
     work = 1

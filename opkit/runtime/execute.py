@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -78,6 +78,34 @@ def _block_strides(arr: np.ndarray, names, axes) -> Optional[Tuple[int, int, int
                  else arr.strides[names.index(a)] for a in axes)
 
 
+def _remember(cache: dict, key, value) -> None:
+    """A per-layout cache entry; a cache that has seen 256 layouts starts again."""
+    if len(cache) >= 256:
+        cache.clear()
+    cache[key] = value
+
+
+class _Shaped(NamedTuple):
+    shape: Tuple[int, ...]  # what named.dim_sizes reads of an array
+
+
+_SPACES: Dict[tuple, Tuple[Tuple[str, ...], Tuple[int, ...]]] = {}
+
+
+def _iteration_space(layouts: Tuple[Tuple[Tuple[int, ...], Tuple[str, ...]], ...],
+                     labels) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
+    """The names and shape of the space a kernel reading arrays of these (shape, names)
+    iterates over; ValueError names the clashing ones (`labels`: only errors read them)."""
+    found = _SPACES.get(layouts)
+    if found is None:
+        nm = named.union_names([n for _, n in layouts])
+        sizes = named.dim_sizes([(_Shaped(shape), n) for shape, n in layouts],
+                                [str(v) for v in labels])
+        found = nm, tuple(sizes[n] for n in nm)
+        _remember(_SPACES, layouts, found)
+    return found
+
+
 _ANCHOR = np.zeros(1)  # the memory a partials layout views: the kernel never reads it
 
 
@@ -94,11 +122,16 @@ class _Folded:
         """How the kernel addresses the partials: `total`'s shape in C order, LANE_BYTES an
         element with lanes (else 8). Only its strides are used: the kernel keeps each chunk's
         touched span in a buffer of its own."""
-        strides, step = [], LANE_BYTES if self.lanes else 8
-        for n in reversed(self.total.shape):
-            strides.append(step)
-            step *= max(n, 1)
-        return np.lib.stride_tricks.as_strided(_ANCHOR, self.total.shape, tuple(reversed(strides)))
+        return _partials_layout(self.total.shape, self.lanes)
+
+
+@functools.lru_cache(maxsize=256)
+def _partials_layout(shape: Tuple[int, ...], lanes: bool) -> np.ndarray:
+    strides, step = [], LANE_BYTES if lanes else 8
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return np.lib.stride_tricks.as_strided(_ANCHOR, shape, tuple(reversed(strides)))
 
 
 @dataclass
@@ -125,6 +158,7 @@ class Executor:
         self.plan = plan
         self.where = where
         self._geometries: Dict[tuple, np.ndarray] = {}  # kernel geometry per operand layout
+        self._lane_flags: Dict[tuple, List[bool]] = {}  # Executor._lanes per operand layout
         self.values = {n: Value.input(n) for n in plan.inputs}  # arrays by the name they bind to
         self.readers: Dict[Value, List[int]] = {}
         for i, step in enumerate(plan.steps):
@@ -247,8 +281,20 @@ class Executor:
     def _lanes(self, k: Kernel, env: Dict[Value, Array], calls: List[LibCall]) -> List[bool]:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
         the output's fastest dim): then it is kept as lanes (opk_lanes)."""
-        out_arr, iter_names = env[k.outputs[0]]
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
+        targets = tuple((env[self.values[c.params[0]]][0].shape, env[self.values[c.params[0]]][1])
+                        if c.prim == "sum_to" else None for c in calls)
+        key = (k.name, tuple(id(c) for c in calls), targets,
+               tuple((arr.shape, arr.strides, nm) for arr, nm in operands))
+        found = self._lane_flags.get(key)
+        if found is None:
+            found = self._lanes_of(k, env, calls, operands)
+            _remember(self._lane_flags, key, found)
+        return found
+
+    def _lanes_of(self, k: Kernel, env: Dict[Value, Array], calls: List[LibCall],
+                  operands: List[Array]) -> List[bool]:
+        out_arr, iter_names = env[k.outputs[0]]
         strides = [operand_strides(arr, nm, iter_names, out_arr.shape) for arr, nm in operands]
         dims = walk_dims(out_arr.shape, strides, len(k.inputs), len(operands))
         if not dims:
@@ -370,9 +416,7 @@ class Executor:
     @staticmethod
     def _temp_shape(ins: List[Array], labels) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
         """The names and shape of the space a kernel reading `ins` iterates over."""
-        nm = named.union_names([n for _, n in ins])
-        sizes = named.dim_sizes(ins, [str(v) for v in labels])
-        return nm, tuple(sizes[n] for n in nm)
+        return _iteration_space(tuple((arr.shape, n) for arr, n in ins), labels)
 
     @classmethod
     def _temp(cls, ins: List[Array], labels, dtype) -> Array:
@@ -394,9 +438,7 @@ class Executor:
         geom = self._geometries.get(key)
         if geom is None:
             geom = self._geometry(k, operands, iter_names, out_arr.shape, ccode, len(sums))
-            if len(self._geometries) >= 256:
-                self._geometries.clear()
-            self._geometries[key] = geom
+            _remember(self._geometries, key, geom)
         if out_arr.size == 0:
             return
         fn = getattr(module, f"{k.name}_{tag}")
@@ -435,7 +477,7 @@ class Executor:
     def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like, clip=None,
                  final=None) -> None:
         ctx = Context(bound.values, sizes=bound.sizes)
-        compute = np.dtype(compute_dtype(dtype_name(bound.dtype)))
+        compute = _instance(bound.dtype)[1]
         args = []
         for a in step.args:
             if isinstance(a, Attr):
@@ -461,8 +503,12 @@ class Executor:
         dst, dst_names = env[value]
         # a float16 gradient summed in float32 may pass 65504: it rounds to inf, as a
         # kernel's store does, without a warning
-        with np.errstate(over="ignore"):
-            np.copyto(dst, named.expand_to(arr, nm, dst_names), casting="unsafe")
+        src = named.expand_to(arr, nm, dst_names)
+        if dst.dtype.itemsize < src.dtype.itemsize:
+            with np.errstate(over="ignore"):
+                np.copyto(dst, src, casting="unsafe")
+        else:
+            np.copyto(dst, src, casting="unsafe")
         if clip is not None and self.plan.kind == "backward":
             np.clip(dst, -clip, clip, out=dst)
         self._keep_precise(value, (arr, nm), env, compute, final)

@@ -4,7 +4,6 @@ output that forward computes on named dims of its own (a conv2d result, per-chan
 The rules come from the forward graph; `bind` applies them after the inputs' sizes are known."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
@@ -42,8 +41,21 @@ class ShapeRules:
         return dims
 
 
-@functools.lru_cache(maxsize=512)
+_RULES: Dict[int, Tuple[OpSpec, ShapeRules]] = {}
+
+
 def shape_rules(spec: OpSpec) -> ShapeRules:
+    """The shape rules of a declaration, remembered per spec object (every call asks: hashing
+    a whole spec by value would cost more than a small call's kernel)."""
+    found = _RULES.get(id(spec))
+    if found is None or found[0] is not spec:
+        if len(_RULES) >= 512:
+            _RULES.clear()
+        found = _RULES[id(spec)] = (spec, _shape_rules(spec))
+    return found[1]
+
+
+def _shape_rules(spec: OpSpec) -> ShapeRules:
     graph = build_graphs(spec).forward
     nodes = graph.nodes()
     calls = tuple(n for n in nodes if n.op in LIBRARY and LIBRARY[n.op].sizes is not None)
