@@ -869,15 +869,24 @@ static inline int opk_half_inputs(const opk_kernel *k, const Py_ssize_t *step, c
     return fmask;
 }
 
-/* Elements before every stored output of a float16 run starts a 64-byte line, so that the
- * rest can be streamed; -1 when they never do together. */
+/* The alignment the float16 loops' non-temporal stores need (opk_f2h_full). */
+#if OPK_F16_HW && defined(__AVX512F__)
+#define OPK_HALF_NT_ALIGN 32
+#else
+#define OPK_HALF_NT_ALIGN 16
+#endif
+
+/* Elements before every stored output of a float16 run is on an OPK_HALF_NT_ALIGN boundary, so
+ * that the rest can be streamed; -1 when they never are together. (Not to a whole line: NumPy
+ * puts a large array's data 16 bytes into a page, and a head to the next line would cut every
+ * group of NHWC rows into tiles that split rows and blocks.) */
 static inline Py_ssize_t opk_half_head(const opk_kernel *k, char *const *ptr)
 {
     Py_ssize_t head = -1;
     for (int o = k->nin; o < k->nops; o++) {
         if (k->discard >> o & 1) continue;
-        const uintptr_t a = (uintptr_t)ptr[o];
-        const Py_ssize_t h = a & 1 ? -1 : (Py_ssize_t)((64 - (a & 63)) & 63) / 2;
+        const uintptr_t a = (uintptr_t)ptr[o], m = OPK_HALF_NT_ALIGN - 1;
+        const Py_ssize_t h = a & 1 ? -1 : (Py_ssize_t)((OPK_HALF_NT_ALIGN - (a & m)) & m) / 2;
         if (h < 0 || (head >= 0 && h != head)) return -1;
         head = h;
     }
