@@ -358,10 +358,13 @@ static inline void opk_stream_d(double *dst, const double *src, Py_ssize_t n)
 #define opk_stream_i(dst, src, n) opk_stream_f((float *)(dst), (const float *)(src), (n))
 #define opk_stream_l(dst, src, n) opk_stream_d((double *)(dst), (const double *)(src), (n))
 
+/* Streamed lines are visible to every thread once the kernel returns: each thread fences once
+ * after its share (opk_walk, opk_flat_part), not after every run (a group of NHWC rows is a
+ * run of 2048 elements, and a fence waits for the write-combining buffers to drain). */
 static inline void opk_fence(void)
 {
 #if OPK_F16_HW
-    _mm_sfence();  /* streamed lines are visible to every thread once the kernel returns */
+    _mm_sfence();
 #endif
 }
 
@@ -926,11 +929,10 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         k->htile(n, ptr, k->ctx, 0, fmask);
         return;
     }
-    if (!tiled) {  /* the elements before the first whole line as they are, then streamed */
+    if (!tiled) {  /* the elements before the first aligned one as they are, then streamed */
         for (int o = 0; o < k->nops; o++) t[o] = ptr[o] + head * es[o];
         k->htile(head, ptr, k->ctx, 0, fmask);
         k->htile(n - head, t, k->ctx, 1, fmask);
-        opk_fence();
         return;
     }
     for (Py_ssize_t i = 0, m; i < n; i += m) {
@@ -953,7 +955,6 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
                            acc_rs[a], step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m,
                            pos + i);
     }
-    if (head >= 0) opk_fence();
 }
 
 /* A run whose only other inputs are broadcast along it (a per-channel bias over NCHW's rows of
@@ -1027,7 +1028,6 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
                 opk_store_c(cc, ptr[o] + i * step[o], step[o], code[o], t[o], m);
         }
     }
-    if (streaming) opk_fence();
 }
 
 /* A run that is one row piece, for kernels without folded sums. */
@@ -1278,6 +1278,7 @@ static int opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char
     if (scratch == NULL) return -1;
     if (g[OPK_G_TDIM] >= 0) status = opk_walk_blocks(start, stop, g, base, k, scratch);
     else opk_walk_rows(start, stop, g, base, k, scratch);
+    if (k->stream) opk_fence();
     if (scratch != stack) PyMem_RawFree(scratch);
     return status;
 }
@@ -1450,6 +1451,7 @@ static int opk_flat_part(Py_ssize_t s, Py_ssize_t e, char **ptr, const Py_ssize_
     if (scratch == NULL) return -1;
     for (int o = 0; o < k->nops; o++) p[o] = ptr[o] + s * step[o];
     opk_segment(k, scratch, e - s, p, step, code);
+    if (k->stream) opk_fence();
     if (scratch != stack) PyMem_RawFree(scratch);
     return 0;
 }
