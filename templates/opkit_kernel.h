@@ -162,7 +162,8 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
 
 static inline void opk_h2f_full(float *d, const uint16_t *s) { opk_h2f_contig(d, s, OPK_HBLOCK); }
 
-/* a whole block rounded to float16; `stream`: non-temporal stores, d on a 64-byte line */
+/* a whole block rounded to float16; `stream`: non-temporal stores, d on an OPK_HALF_NT_ALIGN
+ * boundary (opk_half_head) */
 static inline void opk_f2h_full(uint16_t *d, const float *s, int stream)
 {
 #if OPK_F16_HW && defined(__AVX512F__)
@@ -588,8 +589,8 @@ typedef void (*opk_tile_fn)(Py_ssize_t n, char *const *p, const void *ctx);
 /* rows of `inner` elements: operands in `mask` (inputs) hold one value per row, the others run on
  * contiguously from row to row; everything is stored in the compute type */
 /* the element loop on float16 operands: whole blocks stream their float16 results when
- * `stream` (every output then starts on a 64-byte line); the inputs in `fmask` (bit i) are
- * floats already, read as they are */
+ * `stream` (every output then starts on an OPK_HALF_NT_ALIGN boundary); the inputs in `fmask`
+ * (bit i) are floats already, read as they are */
 typedef void (*opk_htile_fn)(Py_ssize_t n, char *const *p, const void *ctx, int stream, int fmask);
 typedef void (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char *const *ptr,
                             const Py_ssize_t *rstep, int mask, const void *ctx);
@@ -906,7 +907,8 @@ static inline Py_ssize_t opk_half_head(const opk_kernel *k, char *const *ptr)
  * inputs are read as they are. With folded sums, the loop (htile_f) rounds each block of an
  * output to float16 where it is stored and copies the float block into a tile where a sum
  * reads it: the sums add up the results before they are rounded. Into memory the caller gave
- * (k->stream: a large call), the results are streamed from the first whole 64-byte line on. */
+ * (k->stream: a large call), the results are streamed from the first OPK_HALF_NT_ALIGN
+ * boundary on. */
 static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
                              const Py_ssize_t *step, const int *code, int fmask, Py_ssize_t inner,
                              const Py_ssize_t *acc_rs, Py_ssize_t pos)
@@ -922,7 +924,7 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         opk_load_f((float *)(scratch + o * len * 4), ptr[o], 0, code[o], n < len ? n : len);
         tiled = 1;
     }
-    /* tiles of len elements (a multiple of 32) keep the outputs on whole lines after the head */
+    /* tiles of len elements (a multiple of 32) keep the outputs aligned after the head */
     Py_ssize_t head = k->stream && !(tiled && len % 32) ? opk_half_head(k, ptr) : -1;
     if (head >= n) head = -1;
     if (!tiled && head < 0) {
@@ -1260,8 +1262,7 @@ static int opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *
             }
         }
     }
-    if (stream) opk_fence();
-    PyMem_RawFree(buf);
+    PyMem_RawFree(buf);  /* (opk_walk fences) */
     return 0;
 }
 

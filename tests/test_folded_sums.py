@@ -41,7 +41,6 @@ def test_the_bias_gradient_is_summed_in_the_kernel_that_writes_dx():
     assert "sum(tmp0, keep=[C]) in the same pass" in k.describe_writes()
 
 
-
 def test_calls_that_take_turns_in_memory_order_keep_their_own_sums():
     """What a call decides from its layout alone (the iteration space, whether a sum is kept as
     lanes, the geometry) is remembered per layout: the same logical shape stored NCHW, NHWC and
@@ -193,8 +192,9 @@ def test_a_per_pixel_slope_over_channels(dtype):
 
 
 def _offset(like, k):
-    """An array like `like`, k elements into a bigger buffer: its first 64-byte line comes
-    after a head of elements, so the float16 path streams from there."""
+    """An array like `like`, k elements into a bigger buffer: the first boundary its
+    non-temporal stores need (16 bytes; 32 with AVX-512) comes after a head of elements, so
+    the float16 path streams from there."""
     raw = np.empty(like.size + 64, like.dtype)
     return raw[k:k + like.size].reshape(like.shape)
 

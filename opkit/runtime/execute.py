@@ -1,6 +1,7 @@
 """Run a lowered plan on checked arrays: allocate, call kernels, run library steps."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -282,8 +283,8 @@ class Executor:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
         the output's fastest dim): then it is kept as lanes (opk_lanes)."""
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
-        targets = tuple((env[self.values[c.params[0]]][0].shape, env[self.values[c.params[0]]][1])
-                        if c.prim == "sum_to" else None for c in calls)
+        targets = [env[self.values[c.params[0]]] if c.prim == "sum_to" else None for c in calls]
+        targets = tuple((t[0].shape, t[1]) if t is not None else None for t in targets)
         key = (k.name, tuple(id(c) for c in calls), targets,
                tuple((arr.shape, arr.strides, nm) for arr, nm in operands))
         found = self._lane_flags.get(key)
@@ -504,10 +505,8 @@ class Executor:
         # a float16 gradient summed in float32 may pass 65504: it rounds to inf, as a
         # kernel's store does, without a warning
         src = named.expand_to(arr, nm, dst_names)
-        if dst.dtype.itemsize < src.dtype.itemsize:
-            with np.errstate(over="ignore"):
-                np.copyto(dst, src, casting="unsafe")
-        else:
+        narrows = dst.dtype.itemsize < src.dtype.itemsize  # (errstate costs a call's µs)
+        with np.errstate(over="ignore") if narrows else contextlib.nullcontext():
             np.copyto(dst, src, casting="unsafe")
         if clip is not None and self.plan.kind == "backward":
             np.clip(dst, -clip, clip, out=dst)
