@@ -827,13 +827,101 @@ static inline void opk_accum_cols_f(double *acc, const float *v, Py_ssize_t inne
         for (Py_ssize_t j = c; j < inner; j++) acc[j] += (double)v[q * inner + j];
 }
 
+/* Column sums on float16 (and bfloat16) data: where every row of a run adds into the same
+ * sums (a per-channel sum over NHWC's pixels, say), each column adds its terms in float32 over
+ * blocks of OPK_FROWS rows, counted from the run's first row, then the block into its float64
+ * sum: a conversion and a float64 add per block of a column instead of per element, as the
+ * lanes add blocks (opk_lanes). The block being added is kept here from tile to tile, so the
+ * sums do not depend on where the run is cut into tiles (the streaming head, the tile length
+ * of the build); runs are the same for any number of threads. */
+#define OPK_FROWS 8
+#define OPK_FCOLS 512   /* the longest rows kept so (a group of rows has four or more) */
+typedef struct {
+    float f[OPK_FCOLS];   /* the block's float32 sums, column by column */
+    Py_ssize_t rows;      /* whole rows in it */
+} opk_cols;
+
+/* the sums of a run kept as column blocks (bit a), each zeroed */
+static inline int opk_cols_start(const opk_kernel *k, opk_cols *cols, int ccode,
+                                 const Py_ssize_t *step, const Py_ssize_t *acc_rs, Py_ssize_t inner)
+{
+    int mask = 0;
+    if (!k->acc_fblock || ccode != OPK_F32 || inner > OPK_FCOLS) return 0;
+    for (int a = 0; a < k->nacc; a++) {
+        if (acc_rs[a] != 0 || step[k->nops + a] != 8) continue;
+        memset(cols[a].f, 0, (size_t)inner * sizeof(float));
+        cols[a].rows = 0;
+        mask |= 1 << a;
+    }
+    return mask;
+}
+
+/* the block into the float64 sums, and cleared */
+static inline void opk_cols_flush(opk_cols *cb, double *acc, Py_ssize_t inner)
+{
+    for (Py_ssize_t c = 0; c < inner; c++) {
+        acc[c] += (double)cb->f[c];
+        cb->f[c] = 0.0f;
+    }
+    cb->rows = 0;
+}
+
+/* f[c] += v[q * inner + c] for whole rows q = 0 .. rows, row by row */
+static inline void opk_cols_add(float *f, const float *v, Py_ssize_t inner, Py_ssize_t rows)
+{
+    Py_ssize_t c = 0;
+#if OPK_F16_HW
+    for (; c + 16 <= inner; c += 16) {  /* sixteen columns in registers across the rows */
+        __m256 a = _mm256_loadu_ps(f + c), b = _mm256_loadu_ps(f + c + 8);
+        for (Py_ssize_t q = 0; q < rows; q++) {
+            a = _mm256_add_ps(a, _mm256_loadu_ps(v + q * inner + c));
+            b = _mm256_add_ps(b, _mm256_loadu_ps(v + q * inner + c + 8));
+        }
+        _mm256_storeu_ps(f + c, a);
+        _mm256_storeu_ps(f + c + 8, b);
+    }
+#endif
+    for (Py_ssize_t q = 0; q < rows; q++)
+        for (Py_ssize_t j = c; j < inner; j++) f[j] += v[q * inner + j];
+}
+
+/* A tile's n results, starting `col` elements into a row, into the column blocks */
+static inline void opk_cols_accum(opk_cols *cb, double *acc, const float *v, Py_ssize_t inner,
+                                  Py_ssize_t col, Py_ssize_t n)
+{
+    while (n > 0) {
+        Py_ssize_t rows = 1;
+        if (col == 0 && n >= inner) {
+            rows = n / inner < OPK_FROWS - cb->rows ? n / inner : OPK_FROWS - cb->rows;
+            opk_cols_add(cb->f, v, inner, rows);
+            v += rows * inner;
+            n -= rows * inner;
+        } else {
+            const Py_ssize_t m = inner - col < n ? inner - col : n;
+            for (Py_ssize_t j = 0; j < m; j++) cb->f[col + j] += v[j];
+            v += m;
+            n -= m;
+            col += m;
+            if (col < inner) return;  /* the row goes on in the next tile */
+            col = 0;
+        }
+        cb->rows += rows;
+        if (cb->rows == OPK_FROWS) opk_cols_flush(cb, acc, inner);
+    }
+}
+
 /* Add a tile of results into a folded sum's partials: the run's elements go to rows of `inner`
- * (the first one `col` elements in), element c of row q to acc + q * rs + c * step. */
+ * (the first one `col` elements in), element c of row q to acc + q * rs + c * step; through
+ * the run's column blocks `cb` where kept so (else NULL). */
 static inline void opk_accum_rows(int ccode, int fblock, char *acc, Py_ssize_t rs, Py_ssize_t step,
                                   Py_ssize_t inner, Py_ssize_t col, const char *src, Py_ssize_t n,
-                                  Py_ssize_t pos)
+                                  Py_ssize_t pos, opk_cols *cb)
 {
     const Py_ssize_t cs = OPK_CSIZE(ccode);
+    if (cb != NULL) {  /* column blocks (opk_cols_start) */
+        opk_cols_accum(cb, (double *)acc, (const float *)src, inner, col, n);
+        return;
+    }
     while (n > 0) {
         if (rs == 0 && step == 8 && col == 0 && ccode == OPK_F32 && n >= 2 * inner) {
             const Py_ssize_t rows = n / inner;  /* whole rows adding into the same sums */
@@ -937,6 +1025,8 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         k->htile(n - head, t, k->ctx, 1, fmask);
         return;
     }
+    opk_cols cols[OPK_MAXACC];
+    const int cmask = opk_cols_start(k, cols, OPK_F32, step, acc_rs, inner);
     for (Py_ssize_t i = 0, m; i < n; i += m) {
         const int first = i == 0 && head > 0, stream = head >= 0 && !first;
         m = first ? head : (n - i < len ? n - i : len);
@@ -955,8 +1045,10 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         for (int a = 0; a < k->nacc; a++)
             opk_accum_rows(OPK_F32, k->acc_fblock, ptr[k->nops + a] + (i / inner) * acc_rs[a],
                            acc_rs[a], step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m,
-                           pos + i);
+                           pos + i, cmask >> a & 1 ? &cols[a] : NULL);
     }
+    for (int a = 0; a < k->nacc; a++)
+        if (cmask >> a & 1) opk_cols_flush(&cols[a], (double *)ptr[k->nops + a], inner);
 }
 
 /* A run whose only other inputs are broadcast along it (a per-channel bias over NCHW's rows of
@@ -1009,6 +1101,8 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     if (opk_row_run(k, n, ptr, step, code, direct)) return;
     for (int o = 0; o < nin; o++)
         if (step[o] == 0) opk_load_c(cc, scratch + o * len * cs, ptr[o], 0, code[o], n < len ? n : len);
+    opk_cols cols[OPK_MAXACC];
+    const int cmask = opk_cols_start(k, cols, cc, step, acc_rs, inner);
     for (Py_ssize_t i = 0; i < n; i += len) {
         const Py_ssize_t m = n - i < len ? n - i : len;
         for (int o = 0; o < nops; o++) {
@@ -1023,13 +1117,16 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         k->tile(m, t, k->ctx);
         for (int a = 0; a < k->nacc; a++)  /* the results are still in cache */
             opk_accum_rows(cc, k->acc_fblock, ptr[nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
-                           step[nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i);
+                           step[nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i,
+                           cmask >> a & 1 ? &cols[a] : NULL);
         for (int o = nin; o < nops; o++) {
             if (direct[o] && streaming) opk_stream_c(cc, ptr[o] + i * step[o], t[o], m);
             else if (!direct[o] && !(k->discard >> o & 1))
                 opk_store_c(cc, ptr[o] + i * step[o], step[o], code[o], t[o], m);
         }
     }
+    for (int a = 0; a < k->nacc; a++)
+        if (cmask >> a & 1) opk_cols_flush(&cols[a], (double *)ptr[nops + a], inner);
 }
 
 /* A run that is one row piece, for kernels without folded sums. */

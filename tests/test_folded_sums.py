@@ -276,6 +276,40 @@ def span_probe(tmp_path_factory):
     return opkit.get("chunk_span_probe")
 
 
+@pytest.mark.parametrize("c", [5, 21, 64])
+def test_float16_column_sums_add_blocks_of_rows_however_tiles_cut_them(span_probe, c):
+    """Over NHWC, a sum over W (or over H and W) adds rows of C columns that all go into the
+    same sums: on float16 data each column adds blocks of eight rows in float32 first. The
+    terms here cancel (+1024 and -1024 in every column, among small ones), so a block that
+    holds one of the large terms rounds the small ones and the result shows which rows were
+    added together. The blocks count rows from where the walk's run starts, whatever the
+    tiles: the float16 loops (four times as many elements a tile) and the portable build's
+    loops cut rows in other places, and 1, 2 or 3 threads run the same runs; every result is
+    the same bits, and within the float32 blocks' rounding of NumPy's float64 sums."""
+    rng = np.random.default_rng(c)
+    n, h, w = 2, 37, 131                                     # several chunks, rows cut by tiles
+    x = rng.uniform(-0.05, 0.05, (n, h, w, c))
+    # three pairs in each column: rows of the same (n, h) and channel
+    pos = rng.permuted(np.broadcast_to(np.arange(w), (n, h, c, w)), axis=3)[..., :6]
+    i0, i1, i2 = np.indices((n, h, c))
+    for k in range(6):
+        x[i0, i1, pos[..., k], i2] = 1024.0 if k % 2 == 0 else -1024.0
+    x = x.astype(np.float16)
+    runs = [("native", 1), ("native", 2), ("native", 3), ("portable", 1)]
+    results = []
+    for isa, threads in runs:
+        with opkit.config(isa=isa, num_threads=threads):
+            results.append(span_probe(x, layout="NHWC"))
+    x64 = x.astype(np.float64).transpose(0, 3, 1, 2)
+    sums = {2: lambda a: (a * 0.5).sum(axis=(0, 2, 3)), 3: lambda a: (a * 0.25).sum(axis=3)}
+    for i, s in sums.items():
+        want = s(x64)
+        bound = 2.0 ** -11 * np.abs(want) + 7 * 2.0 ** -24 * s(np.abs(x64))
+        for (isa, threads), got in zip(runs, results):
+            assert np.all(np.abs(got[i].astype(np.float64) - want) <= bound), (i, isa, threads)
+            assert np.array_equal(got[i], results[0][i]), (i, isa, threads)
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("view", ["plain", "reversed", "strided"])
 @pytest.mark.parametrize("dtype", ["float64", "float16"])
