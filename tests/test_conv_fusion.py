@@ -307,6 +307,27 @@ def test_bench_cases_time_the_same_computation(layout):
             np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=1e-3)
 
 
+def test_batch_statistics_of_infinities_are_nan_without_a_warning(monkeypatch):
+    """Without a BLAS backend the batch statistics are NumPy means of the convolution: a channel
+    holding inf and -inf has a NaN mean, as the fused epilogue gives, and NumPy's "invalid
+    value" warning does not leak out of the call (nor out of `opkit build`'s validation)."""
+    monkeypatch.setenv("OPKIT_BLAS", "none")
+    op = opkit.get("conv2d_bn_train_leaky_relu")
+    x = np.random.default_rng(5).standard_normal((2, 1, 4, 4))
+    x[0, 0, 0, 0], x[1, 0, 2, 3] = np.inf, -np.inf
+    w = np.array([1.0, -2.0]).reshape(2, 1, 1, 1)
+    finite = np.random.default_rng(6).standard_normal((2, 1, 4, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FusionWarning)   # (no BLAS: the build says so)
+        warnings.simplefilter("error", RuntimeWarning)
+        y, mean, var = op(x, w, np.ones(2), np.zeros(2))
+        y2, mean2, var2 = op(finite, w, np.ones(2), np.zeros(2))
+    assert np.isnan(mean).all() and np.isnan(var).all() and np.isnan(y).all()
+    z = w.reshape(2, 1, 1, 1) * finite[:, 0]                  # the 1 x 1 convolution, [O, N, H, W]
+    np.testing.assert_allclose(mean2, z.mean(axis=(1, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(var2, z.var(axis=(1, 2, 3)), rtol=1e-10)
+
+
 def test_without_a_blas_backend_the_module_has_no_fused_calls(monkeypatch):
     """OPKIT_BLAS=none (or no SciPy): nothing cimports SciPy, and the build warns."""
     op = opkit.get("conv2d_bias_leaky_relu")

@@ -109,7 +109,7 @@ def _run_sum(ctx: Context, args, params):
     axes = tuple(i for i, n in enumerate(names) if n not in keep)
     if not axes:
         return arr, names
-    return arr.sum(axis=axes, dtype=ctx.accumulate), tuple(n for n in names if n in keep)
+    return named.total(arr, axes, ctx.accumulate), tuple(n for n in names if n in keep)
 
 
 def _reduced(v: Node, dim: str, what: str) -> Tuple[str, ...]:
@@ -151,7 +151,8 @@ def _run_mean(ctx: Context, args, params):
     if axes and any(arr.shape[i] == 0 for i in axes):  # the mean of nothing is NaN
         arr = np.full([s for i, s in enumerate(arr.shape) if i not in axes], np.nan, arr.dtype)
     elif axes:
-        arr = arr.mean(axis=axes, dtype=ctx.accumulate or arr.dtype)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as in a kernel
+            arr = arr.mean(axis=axes, dtype=ctx.accumulate or arr.dtype)
     return arr, tuple(n for n in names if n in keep)
 
 

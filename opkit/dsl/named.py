@@ -76,17 +76,24 @@ def align(values: Sequence[Tuple[np.ndarray, Names]], labels: Sequence[str]):
     return target, sizes, [expand_to(a, n, target) for a, n in values]
 
 
+def total(arr: np.ndarray, axis, dtype=None, keepdims: bool = False) -> np.ndarray:
+    """arr.sum(axis): inf + -inf is NaN and a float32 sum may pass its largest value, as in a
+    kernel, without NumPy's warning."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return arr.sum(axis=axis, dtype=dtype, keepdims=keepdims)
+
+
 def sum_to(arr: np.ndarray, names: Names, target_names: Names, target_shape: Tuple[int, ...],
            dtype=None) -> np.ndarray:
     """Reduce (or expand) a gradient to the shape of the input it belongs to."""
     extra = tuple(i for i, n in enumerate(names) if n not in target_names)
     if extra:
-        arr = arr.sum(axis=extra, dtype=dtype)
+        arr = total(arr, extra, dtype)
         names = tuple(n for n in names if n in target_names)
     keep = tuple(i for i, n in enumerate(names)
                  if arr.shape[i] != 1 and target_shape[target_names.index(n)] == 1)
     if keep:
-        arr = arr.sum(axis=keep, keepdims=True, dtype=dtype)
+        arr = total(arr, keep, dtype, keepdims=True)
     out = expand_to(arr, names, target_names)
     if out.shape != tuple(target_shape):
         out = np.broadcast_to(out, target_shape)
