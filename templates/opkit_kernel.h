@@ -1448,40 +1448,71 @@ static inline void opk_fold_chunk(const char *buf, const opk_part *pt, Py_ssize_
     }
 }
 
-/* A kernel that folds sums into its pass runs in chunks of OPK_ACC_CHUNK elements, each adding
- * into partial sums of its own: the chunks, and so every sum, are the same whatever the number
- * of threads. A chunk keeps partials only for the span of each sum's elements it touches (a few
- * channels' worth, say, of a sum over N, H and W), zeroed as it starts, in cache; the chunks'
- * partials are then added into the sums in chunk order. -1: no memory; -2: a sum's partials are
- * not laid out as the walk adds into them. */
+/* The bytes of partials chunks of `chunk` elements keep: the span of each sum's elements
+ * (opk_span), `ext` bytes an element. Into parts when given, with each one's offset. -2: a sum's
+ * partials are not laid out as the walk adds into them. */
+static Py_ssize_t opk_parts(Py_ssize_t total, Py_ssize_t chunk, const Py_ssize_t *g,
+                            const opk_kernel *k, const Py_ssize_t *ext, opk_part *parts)
+{
+    const Py_ssize_t nd = g[OPK_G_NDIM], *shape = g + OPK_G_SHAPE, *strides = shape + nd;
+    const Py_ssize_t nchunks = opk_cdiv(total, chunk);
+    Py_ssize_t bytes = 0;
+    for (Py_ssize_t c = 0; c < nchunks; c++) {
+        const Py_ssize_t stop = (c + 1) * chunk < total ? (c + 1) * chunk : total;
+        for (int a = 0; a < k->nacc; a++) {
+            opk_part pt;
+            opk_span(shape, strides + (k->nops + a) * nd, 0, (int)nd, c * chunk, stop, &pt.lo, &pt.hi);
+            pt.hi += ext[a];
+            pt.off = bytes;
+            bytes += pt.hi - pt.lo;
+            if (pt.lo < 0 || pt.lo % ext[a] || pt.hi > k->acc_len[a] * ext[a]) return -2;
+            if (parts != NULL) parts[c * k->nacc + a] = pt;
+        }
+    }
+    return bytes;
+}
+
+/* Elements per chunk: OPK_ACC_CHUNK, unless a sum keeps the walk's fastest dim (a per-pixel sum
+ * over NCHW's channels): every chunk then touches as many of its elements as it has terms, and
+ * the partials would outweigh the data (and fault in fresh pages on every call). Chunks then
+ * grow, by doubling, to the first size whose partials come to at most a byte an element. The
+ * size depends on the shapes alone, so the sums stay the same for any number of threads. */
+static Py_ssize_t opk_chunk(Py_ssize_t total, const Py_ssize_t *g, const opk_kernel *k,
+                            const Py_ssize_t *ext)
+{
+    Py_ssize_t chunk = OPK_ACC_CHUNK;
+    if (opk_parts(total, chunk, g, k, ext, NULL) <= total) return chunk;
+    for (Py_ssize_t c = 2 * chunk; c < 2 * total; c *= 2) {
+        const Py_ssize_t bytes = opk_parts(total, c, g, k, ext, NULL);
+        if (bytes >= 0 && bytes <= total) return c;
+    }
+    return chunk;
+}
+
+/* A kernel that folds sums into its pass runs in chunks (opk_chunk), each adding into partial
+ * sums of its own: the chunks, and so every sum, are the same whatever the number of threads.
+ * A chunk keeps partials only for the span of each sum's elements it touches (a few channels'
+ * worth, say, of a sum over N, H and W), zeroed as it starts, in cache; the chunks' partials
+ * are then added into the sums in chunk order. -1: no memory; -2: a sum's partials are not
+ * laid out as the walk adds into them. */
 static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, const opk_kernel *k,
                           int nt)
 {
-    const Py_ssize_t nchunks = opk_cdiv(total, OPK_ACC_CHUNK), nops = g[OPK_G_NOPS];
-    const Py_ssize_t nd = g[OPK_G_NDIM], *shape = g + OPK_G_SHAPE, *strides = shape + nd;
+    const Py_ssize_t nops = g[OPK_G_NOPS], nd = g[OPK_G_NDIM], *strides = g + OPK_G_SHAPE + nd;
     const int na = k->nacc;
-    Py_ssize_t ext[OPK_MAXACC], bytes = 0;
+    Py_ssize_t ext[OPK_MAXACC];
     for (int a = 0; a < na; a++) {  /* lanes where the walk adds runs whole (opk_accum) */
         const Py_ssize_t inner = nd > 0 ? strides[(k->nops + a) * nd + nd - 1] : 0;
         ext[a] = k->acc_lanes[a] ? OPK_LANE_BYTES : 8;
         if ((inner == 0) != (k->acc_lanes[a] != 0)) return -2;
     }
+    const Py_ssize_t chunk = opk_chunk(total, g, k, ext), nchunks = opk_cdiv(total, chunk);
     opk_part *parts = (opk_part *)PyMem_RawMalloc((size_t)(nchunks * na) * sizeof(opk_part) + 1);
     if (parts == NULL) return -1;
-    for (Py_ssize_t c = 0; c < nchunks; c++) {
-        const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
-        for (int a = 0; a < na; a++) {
-            opk_part *pt = parts + c * na + a;
-            opk_span(shape, strides + (k->nops + a) * nd, 0, (int)nd, c * OPK_ACC_CHUNK, stop,
-                     &pt->lo, &pt->hi);
-            pt->hi += ext[a];
-            pt->off = bytes;
-            bytes += pt->hi - pt->lo;
-            if (pt->lo < 0 || pt->lo % ext[a] || pt->hi > k->acc_len[a] * ext[a]) {
-                PyMem_RawFree(parts);
-                return -2;
-            }
-        }
+    const Py_ssize_t bytes = opk_parts(total, chunk, g, k, ext, parts);
+    if (bytes < 0) {
+        PyMem_RawFree(parts);
+        return -2;
     }
     char *buf = (char *)PyMem_RawMalloc((size_t)bytes + 1);
     if (buf == NULL) { PyMem_RawFree(parts); return -1; }
@@ -1495,8 +1526,8 @@ static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, co
             memset(buf + pt->off, 0, (size_t)(pt->hi - pt->lo));  /* in cache from here on */
             b[o] = buf + pt->off - pt->lo;  /* the walk adds at offsets lo .. hi from here */
         }
-        const Py_ssize_t stop = (c + 1) * OPK_ACC_CHUNK < total ? (c + 1) * OPK_ACC_CHUNK : total;
-        failed |= opk_walk(c * OPK_ACC_CHUNK, stop, g, b, k);
+        const Py_ssize_t stop = (c + 1) * chunk < total ? (c + 1) * chunk : total;
+        failed |= opk_walk(c * chunk, stop, g, b, k);
     }
     /* each sum's elements split among the threads, each adding the chunks in order */
     const int ft = bytes >= (1 << 22) ? nt : 1;

@@ -276,6 +276,31 @@ def span_probe(tmp_path_factory):
     return opkit.get("chunk_span_probe")
 
 
+@pytest.mark.parametrize("dtype, rtol", [("float64", 1e-12), ("float32", 1e-5)])
+@pytest.mark.parametrize("n, c, hw", [(2, 8, 128), (1, 3, 200), (3, 5, 97)])
+def test_a_per_pixel_slope_map_over_nchw_sums_over_the_channels(dtype, rtol, n, c, hw):
+    """A slope map [N, 1, H, W] over NCHW: its gradient sums over C, the slowest dim of each
+    image, so a chunk of the walk touches as many of its elements as it has terms; chunks then
+    grow (the same size for any number of threads) until their partials are small. NumPy's
+    float64 sums, and the same bits for 1, 2 and 3 threads."""
+    op = opkit.get("spatial_leaky_relu")
+    rng = np.random.default_rng(hw)
+    x = rng.standard_normal((n, c, hw, hw)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    amap = rng.uniform(0.1, 0.3, (n, 1, hw, hw)).astype(dtype)
+    results = []
+    for threads in (1, 2, 3):
+        with opkit.config(num_threads=threads):
+            results.append(op.backward(dy, x, amap, layout="NCHW"))
+    x64, dy64, a64 = (v.astype(np.float64) for v in (x, dy, amap))
+    want = np.where(x64 > 0, 0.0, dy64 * x64).sum(axis=1, keepdims=True)
+    dx, dmap = results[0]
+    np.testing.assert_allclose(dmap, want, rtol=rtol, atol=rtol * np.sqrt(c))
+    np.testing.assert_allclose(dx, np.where(x64 > 0, dy64, a64 * dy64), rtol=rtol, atol=rtol)
+    for got in results[1:]:
+        assert all(np.array_equal(g, w) for g, w in zip(got, results[0]))
+
+
 @pytest.mark.parametrize("c", [5, 21, 64])
 def test_float16_column_sums_add_blocks_of_rows_however_tiles_cut_them(span_probe, c):
     """Over NHWC, a sum over W (or over H and W) adds rows of C columns that all go into the
