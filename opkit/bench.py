@@ -189,6 +189,21 @@ def _spatial_case(shape, dtype, rng):
     return fns, 2 * x.nbytes
 
 
+def _spatial_map_backward_case(shape, layout, dtype, rng):
+    """spatial_leaky_relu backward with its per-pixel map ([N, 1, H, W]; [N, H, W, 1] over
+    NHWC, `shape` in the layout's order): dx and the map's gradient, a sum over C folded into
+    the pass, against the copy of the same bytes, both into warm memory."""
+    import opkit
+    sp = opkit.get("spatial_leaky_relu")
+    x = rng.standard_normal(shape).astype(dtype)
+    amap = rng.uniform(0.1, 0.3, (shape[0], 1) + shape[2:] if layout == "NCHW"
+                       else shape[:3] + (1,)).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    out, dst = (np.empty_like(x), np.empty_like(amap)), np.empty_like(x)
+    return {"opkit": lambda: sp.backward(dy, x, amap, layout=layout, out=out),
+            "copy": lambda: np.copyto(dst, x)}, 3 * x.nbytes + 2 * amap.nbytes, 2 * x.nbytes
+
+
 def _conditional_case(shape, dtype, rng):
     import opkit
     cond, lr = opkit.get("conditional_leaky_relu"), opkit.get("leaky_relu")
@@ -456,6 +471,12 @@ TARGETS = [
      "float32", "forward", [("vs copy bandwidth", "copy", "opkit", 0.85)]),
     ("conditional_leaky_relu backward NCHW [8,64,128,128], out=",
      lambda r: _conditional_pass_case((8, 64, 128, 128), np.float32, r, "backward"), (8, 64, 128, 128),
+     "float32", "backward", [("vs copy bandwidth", "copy", "opkit", 0.85)]),
+    ("spatial_leaky_relu backward NCHW [8,64,128,128], map [N,1,H,W], out=",
+     lambda r: _spatial_map_backward_case((8, 64, 128, 128), "NCHW", np.float32, r), (8, 64, 128, 128),
+     "float32", "backward", [("vs copy bandwidth", "copy", "opkit", 0.85)]),
+    ("spatial_leaky_relu backward NHWC [8,128,128,64], map [N,H,W,1], out=",
+     lambda r: _spatial_map_backward_case((8, 128, 128, 64), "NHWC", np.float32, r), (8, 128, 128, 64),
      "float32", "backward", [("vs copy bandwidth", "copy", "opkit", 0.85)]),
     ("freq_leaky_relu forward NCHW [8,64,64,64]", lambda r: _freq_case((8, 64, 64, 64), r, "forward"),
      (8, 64, 64, 64), "float32", "forward", [("vs the torch.fft pipeline", "torch", "opkit", 1.0)]),
