@@ -1480,8 +1480,8 @@ static Py_ssize_t opk_parts(Py_ssize_t total, Py_ssize_t chunk, const Py_ssize_t
 static Py_ssize_t opk_chunk(Py_ssize_t total, const Py_ssize_t *g, const opk_kernel *k,
                             const Py_ssize_t *ext)
 {
-    Py_ssize_t chunk = OPK_ACC_CHUNK;
-    if (opk_parts(total, chunk, g, k, ext, NULL) <= total) return chunk;
+    const Py_ssize_t chunk = OPK_ACC_CHUNK, first = opk_parts(total, chunk, g, k, ext, NULL);
+    if (first <= total) return chunk;  /* (or -2: opk_run_chunks refuses the layout) */
     for (Py_ssize_t c = 2 * chunk; c < 2 * total; c *= 2) {
         const Py_ssize_t bytes = opk_parts(total, c, g, k, ext, NULL);
         if (bytes >= 0 && bytes <= total) return c;

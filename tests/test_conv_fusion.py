@@ -321,7 +321,7 @@ def test_batch_statistics_of_infinities_are_nan_without_a_warning(monkeypatch):
         warnings.simplefilter("ignore", FusionWarning)   # (no BLAS: the build says so)
         warnings.simplefilter("error", RuntimeWarning)
         y, mean, var = op(x, w, np.ones(2), np.zeros(2))
-        y2, mean2, var2 = op(finite, w, np.ones(2), np.zeros(2))
+        _, mean2, var2 = op(finite, w, np.ones(2), np.zeros(2))
     assert np.isnan(mean).all() and np.isnan(var).all() and np.isnan(y).all()
     z = w.reshape(2, 1, 1, 1) * finite[:, 0]                  # the 1 x 1 convolution, [O, N, H, W]
     np.testing.assert_allclose(mean2, z.mean(axis=(1, 2, 3)), rtol=1e-12)

@@ -303,7 +303,7 @@ def test_a_per_pixel_slope_map_over_nchw_sums_over_the_channels(dtype, rtol, n, 
 
 @pytest.mark.parametrize("c", [5, 21, 64])
 def test_float16_column_sums_add_blocks_of_rows_however_tiles_cut_them(span_probe, c):
-    """Over NHWC, a sum over W (or over H and W) adds rows of C columns that all go into the
+    """Over NHWC, a sum over W (or over N, H and W) adds rows of C columns that all go into the
     same sums: on float16 data each column adds blocks of eight rows in float32 first. The
     terms here cancel (+1024 and -1024 in every column, among small ones), so a block that
     holds one of the large terms rounds the small ones and the result shows which rows were

@@ -3,8 +3,10 @@
 A backward pass sums gradients over the dims an input was broadcast along (dbias over N, H, W).
 As a library call after the kernel, that is a second pass over memory. Folded, the kernel adds
 each tile of its result into partial sums while the tile is still in cache: the runtime gives it
-one float64 partial per chunk of OPK_ACC_CHUNK elements and adds the chunks' partials in order,
-so a sum is the same whatever the number of threads (templates/opkit_kernel.h, opk_run_chunks).
+one float64 partial per chunk of the walk (OPK_ACC_CHUNK elements; more where a sum's partials
+would outweigh the data, a size that depends on the shapes alone) and adds the chunks' partials
+in order, so a sum is the same whatever the number of threads (templates/opkit_kernel.h,
+opk_chunk and opk_run_chunks).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Dict, List
 from .plan import Kernel, Kind, LibCall, Plan
 
 MAX_SUMS = 4            # sums one kernel may fold (OPK_MAXACC)
-SUM_CHUNK = 1 << 15     # elements per chunk of partial sums (OPK_ACC_CHUNK)
+SUM_CHUNK = 1 << 15     # elements per chunk of partial sums, at least (OPK_ACC_CHUNK)
 LANE_BYTES = 192        # a sum kept as lanes, per element (opk_lanes, OPK_LANE_BYTES)
 
 
