@@ -613,6 +613,8 @@ typedef struct {
     Py_ssize_t acc_len[OPK_MAXACC];  /* how many there are, */
     int acc_lanes[OPK_MAXACC];       /* and whether each is kept as lanes (opk_lanes) */
     int acc_fblock;                  /* float32 lanes add blocks first (float16 data) */
+    int acc_rows[OPK_MAXACC];        /* set per call (opk_run_chunks): a lanes sum kept as row
+                                      * sums (opk_accum_rows), 8 bytes an element */
     opk_htile_fn htile;        /* NULL, or the element loop on float16 operands (stored as they
                                 * are; converted in registers): contiguous float16, inputs of
                                 * step 0, and float inputs (a float16 call's float temps) */
@@ -678,13 +680,19 @@ static inline void opk_lanes_flush(opk_lanes *L)
     memset(L->f, 0, sizeof L->f);
 }
 
+/* eight float64 lanes added pairwise, as opk_lanes_value */
+static inline double opk_pairwise8(const double *s)
+{
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 /* a lanes sum's value: its float64 lanes after the last flush, added pairwise,
  * ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) */
 static inline double opk_lanes_value(const opk_lanes *L)
 {
     double s[8];
     for (int l = 0; l < 8; l++) s[l] = (L->s[l] + (double)L->f[l]) + (double)L->f[l + 8];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    return opk_pairwise8(s);
 }
 
 /* Whole blocks of float32 results into lanes: each block's sixteen float lanes in two vector
@@ -910,16 +918,111 @@ static inline void opk_cols_accum(opk_cols *cb, double *acc, const float *v, Py_
     }
 }
 
+/* Row sums: where the rows next to each other in the walk add into different elements of a sum
+ * (a per-pixel sum over NHWC's channels), lanes per element (OPK_LANE_BYTES) would outweigh
+ * short rows many times over. The row being added is kept as lanes here instead, its elements
+ * numbered from the row's start, from tile to tile; a complete row adds its lanes' value into
+ * its element (one double). The walk hands rows whole to a run, cut only where a chunk ends,
+ * so the sums do not depend on the tiles or on the number of threads. */
+static inline void opk_rows_clear(opk_lanes *rl) { memset(rl, 0, offsetof(opk_lanes, unused)); }
+
+#if OPK_F16_HW
+/* Whole rows into row sums with each row's lanes in registers: the same adds, in the same
+ * order, as opk_accum for a row that starts a run of the lanes (which stores and reloads them). */
+static inline void opk_rows_whole(int ccode, int fblock, char *acc, Py_ssize_t rs, Py_ssize_t inner,
+                                  const char *src, Py_ssize_t rows)
+{
+    _Alignas(32) double s[8];
+    _Alignas(32) float f[16];
+    for (Py_ssize_t q = 0; q < rows; q++, acc += rs) {
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        Py_ssize_t j = 0;
+        if (ccode == OPK_F64) {
+            const double *v = (const double *)src + q * inner;
+            for (; j + 8 <= inner; j += 8) {
+                lo = _mm256_add_pd(lo, _mm256_loadu_pd(v + j));
+                hi = _mm256_add_pd(hi, _mm256_loadu_pd(v + j + 4));
+            }
+            _mm256_store_pd(s, lo);
+            _mm256_store_pd(s + 4, hi);
+            for (; j < inner; j++) s[j & 7] += v[j];
+        } else if (fblock) {  /* float32 lanes over blocks of OPK_FBLOCK, then into lo and hi */
+            const float *v = (const float *)src + q * inner;
+            __m256 a = _mm256_setzero_ps(), c = _mm256_setzero_ps();
+            for (; j + 16 <= inner; j += 16) {
+                a = _mm256_add_ps(a, _mm256_loadu_ps(v + j));
+                c = _mm256_add_ps(c, _mm256_loadu_ps(v + j + 8));
+                if ((j + 16) % OPK_FBLOCK) continue;
+                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
+                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(c)));
+                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(c, 1)));
+                a = c = _mm256_setzero_ps();
+            }
+            _mm256_store_ps(f, a);
+            _mm256_store_ps(f + 8, c);
+            for (; j < inner; j++) f[j & 15] += v[j];
+            _mm256_store_pd(s, lo);
+            _mm256_store_pd(s + 4, hi);
+            for (int l = 0; l < 8; l++) s[l] = (s[l] + (double)f[l]) + (double)f[l + 8];
+        } else {
+            const float *v = (const float *)src + q * inner;
+            for (; j + 8 <= inner; j += 8) {
+                const __m256 x = _mm256_loadu_ps(v + j);
+                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+            }
+            _mm256_store_pd(s, lo);
+            _mm256_store_pd(s + 4, hi);
+            for (; j < inner; j++) s[j & 7] += (double)v[j];
+        }
+        *(double *)acc += opk_pairwise8(s);
+    }
+}
+#endif
+
+/* A tile's n results, `col` elements into a row of `inner`, into row sums (rows rs bytes apart). */
+static inline void opk_rows_accum(int ccode, int fblock, opk_lanes *rl, char *acc, Py_ssize_t rs,
+                                  Py_ssize_t inner, Py_ssize_t col, const char *src, Py_ssize_t n)
+{
+    const Py_ssize_t cs = OPK_CSIZE(ccode);
+    while (n > 0) {
+#if OPK_F16_HW
+        if (col == 0 && n >= inner) {  /* (rl is clear at the start of a row) */
+            const Py_ssize_t rows = n / inner;
+            opk_rows_whole(ccode, fblock, acc, rs, inner, src, rows);
+            src += rows * inner * cs;
+            n -= rows * inner;
+            acc += rows * rs;
+            continue;
+        }
+#endif
+        const Py_ssize_t m = inner - col < n ? inner - col : n;
+        opk_accum(ccode, fblock, (char *)rl, 0, src, m, col);
+        src += m * cs;
+        n -= m;
+        if (col + m < inner) return;  /* the row goes on in the next tile */
+        *(double *)acc += opk_lanes_value(rl);
+        opk_rows_clear(rl);
+        acc += rs;
+        col = 0;
+    }
+}
+
 /* Add a tile of results into a folded sum's partials: the run's elements go to rows of `inner`
  * (the first one `col` elements in), element c of row q to acc + q * rs + c * step; through
- * the run's column blocks `cb` where kept so (else NULL). */
+ * the run's column blocks `cb` or row sums `rl` where kept so (else NULL). */
 static inline void opk_accum_rows(int ccode, int fblock, char *acc, Py_ssize_t rs, Py_ssize_t step,
                                   Py_ssize_t inner, Py_ssize_t col, const char *src, Py_ssize_t n,
-                                  Py_ssize_t pos, opk_cols *cb)
+                                  Py_ssize_t pos, opk_cols *cb, opk_lanes *rl)
 {
     const Py_ssize_t cs = OPK_CSIZE(ccode);
     if (cb != NULL) {  /* column blocks (opk_cols_start) */
         opk_cols_accum(cb, (double *)acc, (const float *)src, inner, col, n);
+        return;
+    }
+    if (rl != NULL) {
+        opk_rows_accum(ccode, fblock, rl, acc, rs, inner, col, src, n);
         return;
     }
     while (n > 0) {
@@ -1026,7 +1129,9 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         return;
     }
     opk_cols cols[OPK_MAXACC];
+    opk_lanes rows[OPK_MAXACC];
     const int cmask = opk_cols_start(k, cols, OPK_F32, step, acc_rs, inner);
+    for (int a = 0; a < k->nacc; a++) if (k->acc_rows[a]) opk_rows_clear(&rows[a]);
     for (Py_ssize_t i = 0, m; i < n; i += m) {
         const int first = i == 0 && head > 0, stream = head >= 0 && !first;
         m = first ? head : (n - i < len ? n - i : len);
@@ -1045,7 +1150,7 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         for (int a = 0; a < k->nacc; a++)
             opk_accum_rows(OPK_F32, k->acc_fblock, ptr[k->nops + a] + (i / inner) * acc_rs[a],
                            acc_rs[a], step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m,
-                           pos + i, cmask >> a & 1 ? &cols[a] : NULL);
+                           pos + i, cmask >> a & 1 ? &cols[a] : NULL, k->acc_rows[a] ? &rows[a] : NULL);
     }
     for (int a = 0; a < k->nacc; a++)
         if (cmask >> a & 1) opk_cols_flush(&cols[a], (double *)ptr[k->nops + a], inner);
@@ -1102,7 +1207,9 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     for (int o = 0; o < nin; o++)
         if (step[o] == 0) opk_load_c(cc, scratch + o * len * cs, ptr[o], 0, code[o], n < len ? n : len);
     opk_cols cols[OPK_MAXACC];
+    opk_lanes rows[OPK_MAXACC];
     const int cmask = opk_cols_start(k, cols, cc, step, acc_rs, inner);
+    for (int a = 0; a < k->nacc; a++) if (k->acc_rows[a]) opk_rows_clear(&rows[a]);
     for (Py_ssize_t i = 0; i < n; i += len) {
         const Py_ssize_t m = n - i < len ? n - i : len;
         for (int o = 0; o < nops; o++) {
@@ -1118,7 +1225,7 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         for (int a = 0; a < k->nacc; a++)  /* the results are still in cache */
             opk_accum_rows(cc, k->acc_fblock, ptr[nops + a] + (i / inner) * acc_rs[a], acc_rs[a],
                            step[nops + a], inner, i % inner, t[k->acc_src[a]], m, pos + i,
-                           cmask >> a & 1 ? &cols[a] : NULL);
+                           cmask >> a & 1 ? &cols[a] : NULL, k->acc_rows[a] ? &rows[a] : NULL);
         for (int o = nin; o < nops; o++) {
             if (direct[o] && streaming) opk_stream_c(cc, ptr[o] + i * step[o], t[o], m);
             else if (!direct[o] && !(k->discard >> o & 1))
@@ -1432,7 +1539,8 @@ static void opk_span(const Py_ssize_t *shape, const Py_ssize_t *st, int d, int n
 }
 
 /* The partial sums of chunk c's sums: [lo, hi) bytes of each sum's elements (opk_lanes each
- * where the walk adds whole runs into one, opk_accum), kept at `off` in one buffer. */
+ * where the walk adds whole runs into one, opk_accum, unless kept as row sums), kept at `off`
+ * in one buffer. */
 typedef struct { Py_ssize_t lo, hi, off; } opk_part;
 
 /* A chunk's partials added into the sums (out[k] += element k's partial, its lanes' value
@@ -1491,31 +1599,43 @@ static Py_ssize_t opk_chunk(Py_ssize_t total, const Py_ssize_t *g, const opk_ker
 
 /* A kernel that folds sums into its pass runs in chunks (opk_chunk), each adding into partial
  * sums of its own: the chunks, and so every sum, are the same whatever the number of threads.
+ * A lanes sum whose next row in the walk is another element is kept as row sums (opk_rows_accum;
+ * its partials' strides, laid out OPK_LANE_BYTES an element by the caller, scaled to 8 bytes).
  * A chunk keeps partials only for the span of each sum's elements it touches (a few channels'
  * worth, say, of a sum over N, H and W), zeroed as it starts, in cache; the chunks' partials
  * are then added into the sums in chunk order. -1: no memory; -2: a sum's partials are not
  * laid out as the walk adds into them. */
-static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, const opk_kernel *k,
-                          int nt)
+static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *geom, char **base,
+                          const opk_kernel *kernel, int nt)
 {
-    const Py_ssize_t nops = g[OPK_G_NOPS], nd = g[OPK_G_NDIM], *strides = g + OPK_G_SHAPE + nd;
-    const int na = k->nacc;
+    const Py_ssize_t nops = geom[OPK_G_NOPS], nd = geom[OPK_G_NDIM];
+    const Py_ssize_t glen = OPK_G_SHAPE + nd + nops * nd + nops;
+    const int na = kernel->nacc;
+    opk_kernel call = *kernel;
+    const opk_kernel *k = &call;
     Py_ssize_t ext[OPK_MAXACC];
+    /* the geometry with row sums' partials laid out 8 bytes an element */
+    Py_ssize_t *g = (Py_ssize_t *)PyMem_RawMalloc((size_t)glen * sizeof(Py_ssize_t));
+    if (g == NULL) return -1;
+    memcpy(g, geom, (size_t)glen * sizeof(Py_ssize_t));
     for (int a = 0; a < na; a++) {  /* lanes where the walk adds runs whole (opk_accum) */
-        const Py_ssize_t inner = nd > 0 ? strides[(k->nops + a) * nd + nd - 1] : 0;
-        ext[a] = k->acc_lanes[a] ? OPK_LANE_BYTES : 8;
-        if ((inner == 0) != (k->acc_lanes[a] != 0)) return -2;
+        Py_ssize_t *s = g + OPK_G_SHAPE + nd + (k->nops + a) * nd;
+        if ((s[nd - 1] == 0) != (k->acc_lanes[a] != 0)) { PyMem_RawFree(g); return -2; }
+        /* row sums where the next row of the walk adds into another element (opk_rows_accum) */
+        call.acc_rows[a] = k->acc_lanes[a] && nd >= 2 && s[nd - 2] != 0;
+        ext[a] = k->acc_lanes[a] && !call.acc_rows[a] ? OPK_LANE_BYTES : 8;
+        if (call.acc_rows[a])
+            for (Py_ssize_t d = 0; d < nd; d++) s[d] = s[d] / OPK_LANE_BYTES * 8;
     }
     const Py_ssize_t chunk = opk_chunk(total, g, k, ext), nchunks = opk_cdiv(total, chunk);
     opk_part *parts = (opk_part *)PyMem_RawMalloc((size_t)(nchunks * na) * sizeof(opk_part) + 1);
-    if (parts == NULL) return -1;
-    const Py_ssize_t bytes = opk_parts(total, chunk, g, k, ext, parts);
-    if (bytes < 0) {
+    const Py_ssize_t bytes = parts == NULL ? -1 : opk_parts(total, chunk, g, k, ext, parts);
+    char *buf = bytes < 0 ? NULL : (char *)PyMem_RawMalloc((size_t)bytes + 1);
+    if (buf == NULL) {
         PyMem_RawFree(parts);
-        return -2;
+        PyMem_RawFree(g);
+        return bytes == -2 ? -2 : -1;
     }
-    char *buf = (char *)PyMem_RawMalloc((size_t)bytes + 1);
-    if (buf == NULL) { PyMem_RawFree(parts); return -1; }
     int failed = 0;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed) if(nt > 1)
     for (Py_ssize_t c = 0; c < nchunks; c++) {
@@ -1541,6 +1661,7 @@ static int opk_run_chunks(Py_ssize_t total, const Py_ssize_t *g, char **base, co
         }
     PyMem_RawFree(buf);
     PyMem_RawFree(parts);
+    PyMem_RawFree(g);
     return failed ? -1 : 0;
 }
 

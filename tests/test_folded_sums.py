@@ -301,6 +301,78 @@ def test_a_per_pixel_slope_map_over_nchw_sums_over_the_channels(dtype, rtol, n, 
         assert all(np.array_equal(g, w) for g, w in zip(got, results[0]))
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("c", [5, 70, 300])
+def test_a_per_pixel_slope_map_over_nhwc_adds_each_row_as_it_goes(dtype, c):
+    """A slope map [N, H, W, 1] over NHWC: its gradient sums each pixel's row of C channels,
+    and the rows next to each other go into different elements. Each row is added up as it
+    goes (lanes kept from tile to tile: rows of 70 and 300 are cut by the tiles, which the
+    float16 loops and the portable build cut elsewhere, and by chunks) and then into its
+    element. Each row holds terms of +1024 and -1024 among small ones, so that float16's float32
+    lanes round the small terms they add after a large one and the result shows which terms
+    were added together. NumPy's float64 sums within the rounding of the lanes, and the same
+    bits for 1, 2 and 3 threads and the portable build."""
+    op = opkit.get("spatial_leaky_relu")
+    rng = np.random.default_rng(c)
+    n, h, w = 2, 23, 3 * SUM_CHUNK // (2 * 23 * c) + 1      # several chunks
+    x = rng.uniform(-0.05, 0.05, (n, h, w, c))
+    dy = rng.standard_normal(x.shape)
+    pos = rng.permuted(np.broadcast_to(np.arange(c), (n, h, w, c)), axis=3)[..., :4]
+    i0, i1, i2 = np.indices((n, h, w))
+    for k in range(4 if c >= 4 else 0):      # terms dy * x of -1024, +1024, -1024, +1024
+        x[i0, i1, i2, pos[..., k]] = -1024.0
+        dy[i0, i1, i2, pos[..., k]] = 1.0 if k % 2 == 0 else -1.0
+    x, dy = x.astype(dtype), dy.astype(dtype)
+    amap = rng.uniform(0.1, 0.3, (n, h, w, 1)).astype(dtype)
+    runs = [("native", 1), ("native", 2), ("native", 3), ("portable", 1)]
+    results = []
+    for isa, threads in runs:
+        with opkit.config(isa=isa, num_threads=threads):
+            results.append(op.backward(dy, x, amap, layout="NHWC"))
+    x64, dy64, a64 = (v.astype(np.float64) for v in (x, dy, amap))
+    terms = np.where(x64 > 0, 0.0, dy64 * x64)
+    want, size = terms.sum(axis=3, keepdims=True), np.abs(terms).sum(axis=3, keepdims=True)
+    eps = {"float64": 2.0 ** -52, "float32": 2.0 ** -24, "float16": 2.0 ** -11}[dtype]
+    # float16's terms are exact in float32 and add in float32 lanes of up to eight terms first;
+    # float32's terms round once and add in float64; the result rounds once to the dtype (to
+    # its subnormals' spacing near zero)
+    lanes = 7 * 2.0 ** -24 if dtype == "float16" else (2.0 ** -24 if dtype == "float32" else 64 * eps)
+    bound = eps * np.abs(want) + lanes * size + float(np.finfo(dtype).smallest_subnormal) / 2
+    dx, dmap = results[0]
+    assert np.all(np.abs(dmap.astype(np.float64) - want) <= bound)
+    np.testing.assert_allclose(dx, np.where(x64 > 0, dy64, a64 * dy64), rtol=eps, atol=eps)
+    for (isa, threads), got in zip(runs[1:], results[1:]):
+        assert all(np.array_equal(g, r) for g, r in zip(got, results[0])), (isa, threads)
+
+
+def test_row_sums_keep_a_double_per_row():
+    """The partials of a sum whose consecutive rows go to different elements take a double per
+    row (a chunk's span of them), not a set of lanes per row (192 bytes): the call allocates
+    less than 48 bytes a row beyond its result."""
+    import tracemalloc
+    op = opkit.get("spatial_leaky_relu")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 128, 128, 8))
+    dy = rng.standard_normal(x.shape)
+    amap = rng.uniform(0.1, 0.3, x.shape[:3] + (1,))
+    out = (np.empty_like(x), np.empty_like(amap))
+    op.backward(dy, x, amap, layout="NHWC", out=out)
+    rows = x.size // x.shape[3]
+    tracemalloc.start()
+    try:
+        for threads in (1, 2):
+            with opkit.config(num_threads=threads):
+                tracemalloc.reset_peak()
+                before = tracemalloc.get_traced_memory()[0]
+                op.backward(dy, x, amap, layout="NHWC", out=out)
+                peak = tracemalloc.get_traced_memory()[1] - before
+            assert peak < 48 * rows, (threads, peak, rows)
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_allclose(out[1], np.where(x > 0, 0.0, dy * x).sum(axis=3, keepdims=True),
+                               rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("c", [5, 21, 64])
 def test_float16_column_sums_add_blocks_of_rows_however_tiles_cut_them(span_probe, c):
     """Over NHWC, a sum over W (or over N, H and W) adds rows of C columns that all go into the

@@ -6,7 +6,9 @@ each tile of its result into partial sums while the tile is still in cache: the 
 one float64 partial per chunk of the walk (OPK_ACC_CHUNK elements; more where a sum's partials
 would outweigh the data, a size that depends on the shapes alone) and adds the chunks' partials
 in order, so a sum is the same whatever the number of threads (templates/opkit_kernel.h,
-opk_chunk and opk_run_chunks).
+opk_chunk and opk_run_chunks). A sum the walk adds whole rows into is kept as lanes (LANE_BYTES
+an element), or, where the next row goes to another element, a row at a time (a double an
+element): the kernel decides from the geometry.
 """
 from __future__ import annotations
 
