@@ -1278,6 +1278,35 @@ static inline void opk_spread(int ccode, char *dst, const char *src, Py_ssize_t 
         opk_load_c(ccode, dst + q * inner * cs, src + q * rs, step, code, inner);
 }
 
+/* A group of rows through the kernel's row loop, with folded sums: an output only the sums read
+ * goes into `buf` (OPK_GROUP elements an output), then the sums add up the group's rows (whole
+ * rows, `pos` the walk's position), as opk_segment_rows adds a run's tiles. */
+static void opk_rows_summed(const opk_kernel *k, Py_ssize_t nrows, Py_ssize_t inner, char *const *row,
+                            const Py_ssize_t *rs, const Py_ssize_t *step, int mask, char *buf,
+                            Py_ssize_t pos)
+{
+    const int nin = k->nin, nops = k->nops, cc = k->ccode;
+    const Py_ssize_t cs = OPK_CSIZE(cc);
+    char *p[OPK_MAXOPS];
+    Py_ssize_t r[OPK_MAXOPS];
+    for (int o = 0; o < nops; o++) {
+        const int own = o >= nin && (k->discard >> o & 1);
+        p[o] = own ? buf + (o - nin) * OPK_GROUP * cs : row[o];
+        r[o] = own ? inner * cs : rs[o];
+    }
+    k->rows(nrows, inner, p, r, mask, k->ctx);
+    opk_cols cols[OPK_MAXACC];
+    opk_lanes rl[OPK_MAXACC];
+    const int cmask = opk_cols_start(k, cols, cc, step, rs + nops, inner);
+    for (int a = 0; a < k->nacc; a++) {
+        if (k->acc_rows[a]) opk_rows_clear(&rl[a]);
+        opk_accum_rows(cc, k->acc_fblock, row[nops + a], rs[nops + a], step[nops + a], inner, 0,
+                       p[k->acc_src[a]], nrows * inner, pos, cmask >> a & 1 ? &cols[a] : NULL,
+                       k->acc_rows[a] ? &rl[a] : NULL);
+        if (cmask >> a & 1) opk_cols_flush(&cols[a], (double *)row[nops + a], inner);
+    }
+}
+
 static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
                           const opk_kernel *kn, char *scratch)
 {
@@ -1318,20 +1347,23 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
     }
     group = group && any_rowwise;
     /* the kernel's own row loop takes per-row values as scalars: no spreading, when every
-     * operand is stored in the compute type (and runs contiguously, or is per-row) */
-    int mask = 0, use_rows = group && any_spread && kn->rows != NULL && kn->nacc == 0;
-    for (Py_ssize_t o = 0; use_rows && o < nops; o++) {
+     * operand is stored in the compute type (and runs contiguously, or is per-row); an output
+     * only folded sums read goes to a buffer of its own (opk_rows_summed) */
+    int mask = 0, use_rows = group && any_spread && kn->rows != NULL;
+    for (Py_ssize_t o = 0; use_rows && o < nk; o++) {
         if (spreads[o]) {
             if (step[o] != 0) use_rows = 0;
             mask |= 1 << o;
         }
+        if (o >= nin && kn->discard >> o & 1) continue;
         if (code[o] != ccode || (!spreads[o] && step[o] != csize)) use_rows = 0;
     }
     if (use_rows && (mask >= 64 || !(kn->row_masks >> mask & 1))) use_rows = 0;
     char *spread = NULL;
-    if (group && any_spread && !use_rows) {
-        spread = (char *)PyMem_RawMalloc((size_t)nin * OPK_GROUP * csize);
-        if (spread == NULL) group = 0;
+    if (group && any_spread && (!use_rows || kn->nacc > 0)) {
+        /* spread inputs, or the outputs only folded sums read */
+        spread = (char *)PyMem_RawMalloc((size_t)(use_rows ? nout : nin) * OPK_GROUP * csize);
+        if (spread == NULL) group = use_rows = 0;
     }
     Py_ssize_t left = stop - start;
     for (;;) {
@@ -1340,7 +1372,8 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
         if (nrows > OPK_GROUP / inner) nrows = OPK_GROUP / inner;
         Py_ssize_t m;
         if (nrows >= 2 && use_rows) {
-            kn->rows(nrows, inner, row, rs, mask, kn->ctx);
+            if (kn->nacc > 0) opk_rows_summed(kn, nrows, inner, row, rs, step, mask, spread, stop - left);
+            else kn->rows(nrows, inner, row, rs, mask, kn->ctx);
             m = nrows * inner;
         } else if (nrows >= 2) {
             for (Py_ssize_t k = 0; k < nops; k++) {

@@ -311,7 +311,9 @@ def test_a_per_pixel_slope_map_over_nhwc_adds_each_row_as_it_goes(dtype, c):
     element. Each row holds terms of +1024 and -1024 among small ones, so that float16's float32
     lanes round the small terms they add after a large one and the result shows which terms
     were added together. NumPy's float64 sums within the rounding of the lanes, and the same
-    bits for 1, 2 and 3 threads and the portable build."""
+    bits for 1, 2 and 3 threads, the portable build, and x strided along C (float32 and
+    float64 then spread the map into tiles instead of the kernel's row loop taking it as a
+    scalar per row)."""
     op = opkit.get("spatial_leaky_relu")
     rng = np.random.default_rng(c)
     n, h, w = 2, 23, 3 * SUM_CHUNK // (2 * 23 * c) + 1      # several chunks
@@ -324,11 +326,13 @@ def test_a_per_pixel_slope_map_over_nhwc_adds_each_row_as_it_goes(dtype, c):
         dy[i0, i1, i2, pos[..., k]] = 1.0 if k % 2 == 0 else -1.0
     x, dy = x.astype(dtype), dy.astype(dtype)
     amap = rng.uniform(0.1, 0.3, (n, h, w, 1)).astype(dtype)
-    runs = [("native", 1), ("native", 2), ("native", 3), ("portable", 1)]
+    strided = np.empty(x.shape[:3] + (2 * c,), dtype)[..., ::2]
+    strided[...] = x
+    runs = [("native", 1, x), ("native", 2, x), ("native", 3, x), ("portable", 1, x), ("native", 2, strided)]
     results = []
-    for isa, threads in runs:
+    for isa, threads, xin in runs:
         with opkit.config(isa=isa, num_threads=threads):
-            results.append(op.backward(dy, x, amap, layout="NHWC"))
+            results.append(op.backward(dy, xin, amap, layout="NHWC"))
     x64, dy64, a64 = (v.astype(np.float64) for v in (x, dy, amap))
     terms = np.where(x64 > 0, 0.0, dy64 * x64)
     want, size = terms.sum(axis=3, keepdims=True), np.abs(terms).sum(axis=3, keepdims=True)
@@ -341,8 +345,8 @@ def test_a_per_pixel_slope_map_over_nhwc_adds_each_row_as_it_goes(dtype, c):
     dx, dmap = results[0]
     assert np.all(np.abs(dmap.astype(np.float64) - want) <= bound)
     np.testing.assert_allclose(dx, np.where(x64 > 0, dy64, a64 * dy64), rtol=eps, atol=eps)
-    for (isa, threads), got in zip(runs[1:], results[1:]):
-        assert all(np.array_equal(g, r) for g, r in zip(got, results[0])), (isa, threads)
+    for (isa, threads, xin), got in zip(runs[1:], results[1:]):
+        assert all(np.array_equal(g, r) for g, r in zip(got, results[0])), (isa, threads, xin.strides)
 
 
 def test_row_sums_keep_a_double_per_row():
