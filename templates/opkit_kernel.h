@@ -926,6 +926,13 @@ static inline void opk_cols_accum(opk_cols *cb, double *acc, const float *v, Py_
  * so the sums do not depend on the tiles or on the number of threads. */
 static inline void opk_rows_clear(opk_lanes *rl) { memset(rl, 0, offsetof(opk_lanes, unused)); }
 
+/* a run's row sums (those of k's sums kept so), cleared */
+static inline void opk_rows_start(const opk_kernel *k, opk_lanes *rl)
+{
+    for (int a = 0; a < k->nacc; a++)
+        if (k->acc_rows[a]) opk_rows_clear(&rl[a]);
+}
+
 #if OPK_F16_HW
 /* Whole rows into row sums with each row's lanes in registers: the same adds, in the same
  * order, as opk_accum for a row that starts a run of the lanes (which stores and reloads them). */
@@ -1131,7 +1138,7 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     opk_cols cols[OPK_MAXACC];
     opk_lanes rows[OPK_MAXACC];
     const int cmask = opk_cols_start(k, cols, OPK_F32, step, acc_rs, inner);
-    for (int a = 0; a < k->nacc; a++) if (k->acc_rows[a]) opk_rows_clear(&rows[a]);
+    opk_rows_start(k, rows);
     for (Py_ssize_t i = 0, m; i < n; i += m) {
         const int first = i == 0 && head > 0, stream = head >= 0 && !first;
         m = first ? head : (n - i < len ? n - i : len);
@@ -1209,7 +1216,7 @@ static void opk_segment_rows(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     opk_cols cols[OPK_MAXACC];
     opk_lanes rows[OPK_MAXACC];
     const int cmask = opk_cols_start(k, cols, cc, step, acc_rs, inner);
-    for (int a = 0; a < k->nacc; a++) if (k->acc_rows[a]) opk_rows_clear(&rows[a]);
+    opk_rows_start(k, rows);
     for (Py_ssize_t i = 0; i < n; i += len) {
         const Py_ssize_t m = n - i < len ? n - i : len;
         for (int o = 0; o < nops; o++) {
@@ -1298,8 +1305,8 @@ static void opk_rows_summed(const opk_kernel *k, Py_ssize_t nrows, Py_ssize_t in
     opk_cols cols[OPK_MAXACC];
     opk_lanes rl[OPK_MAXACC];
     const int cmask = opk_cols_start(k, cols, cc, step, rs + nops, inner);
+    opk_rows_start(k, rl);
     for (int a = 0; a < k->nacc; a++) {
-        if (k->acc_rows[a]) opk_rows_clear(&rl[a]);
         opk_accum_rows(cc, k->acc_fblock, row[nops + a], rs[nops + a], step[nops + a], inner, 0,
                        p[k->acc_src[a]], nrows * inner, pos, cmask >> a & 1 ? &cols[a] : NULL,
                        k->acc_rows[a] ? &rl[a] : NULL);
@@ -1362,7 +1369,7 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
     char *spread = NULL;
     if (group && any_spread && (!use_rows || kn->nacc > 0)) {
         /* spread inputs, or the outputs only folded sums read */
-        spread = (char *)PyMem_RawMalloc((size_t)(use_rows ? nout : nin) * OPK_GROUP * csize);
+        spread = (char *)PyMem_RawMalloc((size_t)(use_rows ? nk - nin : nin) * OPK_GROUP * csize);
         if (spread == NULL) group = use_rows = 0;
     }
     Py_ssize_t left = stop - start;

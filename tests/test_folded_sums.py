@@ -1,6 +1,6 @@
 """Sums folded into the kernel that computes what they add up (opkit/lower/reduce.py): the
 backward of a broadcast input (dbias over N, H, W) is summed in the same pass that writes dx,
-into float64 partial sums per fixed chunk, so the result does not depend on the thread count."""
+into float64 partial sums per chunk of the walk, so the result does not depend on the thread count."""
 import numpy as np
 import pytest
 
@@ -173,7 +173,8 @@ def test_rows_of_a_repeated_channel_vector_are_grouped_alike(dtype, rtol, c):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_a_per_pixel_slope_over_channels(dtype):
-    """NHWC with a slope per pixel (broadcast over C): spread per row, float16 as float16."""
+    """NHWC with a slope per pixel (broadcast over C): a scalar per row in the kernel's row loop
+    (float32), spread into tiles (float16, kept as float16)."""
     op = opkit.get("spatial_leaky_relu")
     rng = np.random.default_rng(9)
     for c in (3, 64, 600):
