@@ -209,6 +209,12 @@ static inline void opk_f2f_block(float *d, const float *s, Py_ssize_t w)
     for (Py_ssize_t i = w; i < OPK_HBLOCK; i++) d[i] = 0.0f;
 }
 
+/* n copies of one float16 (or any 16-bit) value */
+static inline void opk_fill_u16(uint16_t *d, uint16_t v, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) d[i] = v;
+}
+
 /* ---------------------------------------------------------------- bfloat16 */
 
 /* bfloat16 is the top half of a float: widening is a shift; narrowing rounds to nearest even
@@ -867,7 +873,21 @@ static inline int opk_cols_start(const opk_kernel *k, opk_cols *cols, int ccode,
 /* the block into the float64 sums, and cleared */
 static inline void opk_cols_flush(opk_cols *cb, double *acc, Py_ssize_t inner)
 {
-    for (Py_ssize_t c = 0; c < inner; c++) {
+    Py_ssize_t c = 0;
+#if OPK_F16_HW
+    /* read as opk_cols_add stores it, eight floats a time: a wider load across two of its
+     * stores cannot be forwarded and waits for every store before it to reach the cache (the
+     * streamed ones too) */
+    for (; c + 8 <= inner; c += 8) {
+        const __m256 f = _mm256_loadu_ps(cb->f + c);
+        _mm256_storeu_pd(acc + c, _mm256_add_pd(_mm256_loadu_pd(acc + c),
+                                                _mm256_cvtps_pd(_mm256_castps256_ps128(f))));
+        _mm256_storeu_pd(acc + c + 4, _mm256_add_pd(_mm256_loadu_pd(acc + c + 4),
+                                                    _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))));
+        _mm256_storeu_ps(cb->f + c, _mm256_setzero_ps());
+    }
+#endif
+    for (; c < inner; c++) {
         acc[c] += (double)cb->f[c];
         cb->f[c] = 0.0f;
     }
@@ -1054,17 +1074,19 @@ static inline void opk_accum_rows(int ccode, int fblock, char *acc, Py_ssize_t r
 /* A run for the float16 element loops: every stored output float16 and contiguous, every
  * input float16 or float, contiguous or broadcast along the run (step 0). The inputs the
  * loop reads as floats (bit o): the float ones (a float16 call's temps are in the compute
- * type) and the broadcast ones (filled as floats once); -1: not such a run. */
+ * type, and a float one broadcast is filled as floats once); -1: not such a run. A float16
+ * input broadcast along the run is filled as float16 (opk_segment_half), so that a run of
+ * float16 operands goes through the loop that converts them in registers (fmask 0): the
+ * loop that also reads floats keeps its converted blocks in memory. */
 static inline int opk_half_inputs(const opk_kernel *k, const Py_ssize_t *step, const int *code)
 {
     int fmask = 0;
     for (int o = 0; o < k->nops; o++) {
         if (o >= k->nin) {
             if (!(k->discard >> o & 1) && (code[o] != OPK_F16 || step[o] != 2)) return -1;
-        } else if ((step[o] == 0 && (code[o] == OPK_F16 || code[o] == OPK_F32)) ||
-                   (code[o] == OPK_F32 && step[o] == 4)) {
+        } else if (code[o] == OPK_F32 && (step[o] == 0 || step[o] == 4)) {
             fmask |= 1 << o;
-        } else if (code[o] != OPK_F16 || step[o] != 2) {
+        } else if (code[o] != OPK_F16 || (step[o] != 2 && step[o] != 0)) {
             return -1;
         }
     }
@@ -1095,6 +1117,14 @@ static inline Py_ssize_t opk_half_head(const opk_kernel *k, char *const *ptr)
     return head;
 }
 
+/* Float16 runs shorter than this are not streamed. A group of NHWC rows is a run of
+ * OPK_GROUP elements: streamed, each group's edges were stored as they are next to lines
+ * written around the cache, and the fused bias's float16 backward over NHWC took 1.6 times
+ * as long as with plain stores (16M elements, two threads); NCHW's long rows gain from it. */
+#ifndef OPK_HALF_STREAM_RUN
+#define OPK_HALF_STREAM_RUN 16384
+#endif
+
 /* The float16 loops take OPK_HALF_TILES tiles' worth of elements at a time: they work in
  * blocks of OPK_HBLOCK within it anyway, and a tile's fixed cost (the call, the sums' rows,
  * the pointers) was a third of a float16 backward's time with folded sums at 256 elements. */
@@ -1119,11 +1149,14 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     for (int o = 0; o < k->nops; o++) es[o] = fmask >> o & 1 ? 4 : 2;
     for (int o = 0; o < k->nin; o++) {
         if (step[o] != 0) continue;
-        opk_load_f((float *)(scratch + o * len * 4), ptr[o], 0, code[o], n < len ? n : len);
+        char *tile = scratch + o * len * 4;
+        if (fmask >> o & 1) opk_load_f((float *)tile, ptr[o], 0, code[o], n < len ? n : len);
+        else opk_fill_u16((uint16_t *)tile, *(const uint16_t *)ptr[o], n < len ? n : len);
         tiled = 1;
     }
     /* tiles of len elements (a multiple of 32) keep the outputs aligned after the head */
-    Py_ssize_t head = k->stream && !(tiled && len % 32) ? opk_half_head(k, ptr) : -1;
+    Py_ssize_t head = k->stream && n >= OPK_HALF_STREAM_RUN && !(tiled && len % 32)
+                      ? opk_half_head(k, ptr) : -1;
     if (head >= n) head = -1;
     if (!tiled && head < 0) {
         k->htile(n, ptr, k->ctx, 0, fmask);
@@ -1270,6 +1303,20 @@ static inline char *opk_scratch(const opk_kernel *k, char *stack)
 #define OPK_GROUP 2048   /* elements per group of rows */
 #endif
 
+/* rows [0, nrows) of a float16 input spread into a contiguous group tile as float16 (for
+ * the float16 loops, which convert it in registers with the rest) */
+static inline void opk_spread_u16(uint16_t *dst, const char *src, Py_ssize_t rs, Py_ssize_t step,
+                                  Py_ssize_t nrows, Py_ssize_t inner)
+{
+    for (Py_ssize_t q = 0; q < (rs == 0 ? 1 : nrows); q++) {
+        const char *row = src + q * rs;
+        if (step == 0) opk_fill_u16(dst + q * inner, *(const uint16_t *)row, inner);
+        else for (Py_ssize_t j = 0; j < inner; j++) dst[q * inner + j] = *(const uint16_t *)(row + j * step);
+    }
+    for (Py_ssize_t q = 1; rs == 0 && q < nrows; q++)  /* the same row on every row */
+        memcpy(dst + q * inner, dst, (size_t)inner * 2);
+}
+
 /* rows [0, nrows) of an input spread into a contiguous group tile in the compute type */
 static inline void opk_spread(int ccode, char *dst, const char *src, Py_ssize_t rs,
                               Py_ssize_t step, int code, Py_ssize_t nrows, Py_ssize_t inner)
@@ -1386,15 +1433,19 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
             for (Py_ssize_t k = 0; k < nops; k++) {
                 if (spreads[k]) {
                     char *dst = spread + k * OPK_GROUP * csize;
+                    /* float16 stays float16 where the kernel has float16 loops; else the
+                     * compute type (the float16 loops read floats too) */
+                    const int half = kn->htile != NULL && code[k] == OPK_F16;
                     /* a row repeated on every row is spread once while it stays the same */
                     if (!(rs[k] == 0 && filled[k] == row[k] && filled_rows[k] >= nrows)) {
-                        opk_spread(ccode, dst, row[k], rs[k], step[k], code[k], nrows, inner);
+                        if (half) opk_spread_u16((uint16_t *)dst, row[k], rs[k], step[k], nrows, inner);
+                        else opk_spread(ccode, dst, row[k], rs[k], step[k], code[k], nrows, inner);
                         filled[k] = row[k];
                         filled_rows[k] = nrows;
                     }
-                    ptr[k] = dst;  /* in the compute type (float16 loops read floats too) */
-                    gstep[k] = csize;
-                    gcode[k] = ccode;
+                    ptr[k] = dst;
+                    gstep[k] = half ? 2 : csize;
+                    gcode[k] = half ? OPK_F16 : ccode;
                 } else {
                     ptr[k] = row[k];
                     gstep[k] = step[k];

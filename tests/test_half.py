@@ -183,3 +183,59 @@ def test_float16_gradient_clip_is_the_clamp_of_every_gradient(name, layout):
             assert np.any(np.abs(f) > 0.75)   # the data tells clipped from not
             want = np.clip(f, np.float16(-0.75), np.float16(0.75))
             _assert_same_bits(c, want)
+
+
+def _bias_views(c, rng):
+    """The same float16 bias three ways: contiguous, every other element of a longer array,
+    and reversed (negative stride)."""
+    b = (rng.standard_normal(c) * 2).astype(np.float16)
+    every_other = np.zeros(2 * c, np.float16)
+    every_other[::2] = b
+    reversed_ = np.ascontiguousarray(b[::-1])[::-1]
+    return b, [b, every_other[::2], reversed_]
+
+
+@pytest.mark.parametrize("layout, shape", [
+    ("NCHW", (2, 5, 33, 37)),        # the bias constant along each row of H x W
+    ("NHWC", (2, 33, 37, 5)),        # the bias row repeated on every pixel (groups of rows)
+    ("NCHW", (1, 4, 600, 900)),      # long rows, into memory the call streams
+    ("NHWC", (1, 600, 900, 4)),      # a large call in groups of short rows
+])
+def test_a_float16_bias_along_the_run_is_read_as_float16(layout, shape):
+    """fused_bias_leaky_relu in float16 with its bias broadcast along the run (constant along
+    NCHW's rows, repeated across NHWC's pixels): the float16 loops read it as float16, filled or
+    spread from any stride. y and dx are NumPy's float32 computation rounded once, bit for bit;
+    dbias is the float64 sum of the unrounded float32 gradients within float16's rounding; the
+    strided and reversed biases give the contiguous one's bits, on one thread and two."""
+    op = opkit.get("fused_bias_leaky_relu")
+    rng = np.random.default_rng(7)
+    c = shape[1] if layout == "NCHW" else shape[3]
+    x = rng.standard_normal(shape).astype(np.float16)
+    dy = (rng.standard_normal(shape) * 3).astype(np.float16)
+    x.flat[:4] = [0.0, -0.0, np.nan, np.inf]
+    b, views = _bias_views(c, rng)
+    bshape = (1, c, 1, 1) if layout == "NCHW" else (1, 1, 1, c)
+    alpha, gain = np.float32(0.2), np.float32(np.sqrt(2.0))
+    v = x.astype(np.float32) + b.astype(np.float32).reshape(bshape)
+    want_y = (np.where(v > 0, v, alpha * v) * gain).astype(np.float16)
+    g = dy.astype(np.float32) * gain
+    t2 = np.where(v > 0, v, alpha * v) * gain
+    grad = np.where(np.abs(t2) <= np.inf, np.where(v > 0, g, g * alpha), np.float32(0))
+    want_dx = grad.astype(np.float16)
+    axes = (0, 2, 3) if layout == "NCHW" else (0, 1, 2)
+    want_db = grad.astype(np.float64).sum(axis=axes)
+    scale = np.abs(grad.astype(np.float64)).sum(axis=axes)   # cancellation in the sums
+    first = None
+    for threads in (1, 2):
+        for bias in views:
+            y, dx, db = np.empty_like(x), np.empty_like(x), np.empty_like(b)
+            with opkit.config(num_threads=threads):   # into memory given: large calls stream
+                op(x, bias, layout=layout, out=y)
+                op.backward(dy, x, bias, layout=layout, out=(dx, db))
+            _assert_same_bits(y, want_y)
+            _assert_same_bits(dx, want_dx)
+            err = np.abs(db.astype(np.float64) - want_db)
+            assert np.all(err <= 2e-3 * np.abs(want_db) + 1e-6 * scale), (db, want_db)
+            if first is None:
+                first = db
+            _assert_same_bits(db, first)
