@@ -367,6 +367,8 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
         "instances": instances,
         "attrs": _decls(spec, kernel.attrs),
         "n_in": len(kernel.inputs),
+        # the inputs a float16 call passes as floats: its temps, in the compute type
+        "float_inputs": sum(1 << i for i, v in enumerate(kernel.inputs) if v.kind is Kind.TEMP),
         "n_out": len(kernel.outputs),
         "tile": schedule.tile,
         "threshold": {ct.tag: schedule.threshold(ct.size) for ct in instances},
