@@ -209,6 +209,18 @@ static inline void opk_f2f_block(float *d, const float *s, Py_ssize_t w)
     for (Py_ssize_t i = w; i < OPK_HBLOCK; i++) d[i] = 0.0f;
 }
 
+/* Gradient clipping of a block of float results, [lo, hi] (an ordered comparison is false for
+ * NaN, so NaN stays NaN: the clamp the element loops apply on store); nothing to do for the
+ * bounds of a call that does not clip. */
+static inline void opk_clamp_block(float *v, float lo, float hi, Py_ssize_t n)
+{
+    if (lo == -INFINITY && hi == INFINITY) return;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float c = v[i] < lo ? lo : v[i];
+        v[i] = c > hi ? hi : c;
+    }
+}
+
 /* n copies of one float16 (or any 16-bit) value */
 static inline void opk_fill_u16(uint16_t *d, uint16_t v, Py_ssize_t n)
 {

@@ -40,6 +40,7 @@ cdef extern from "opkit_kernel.h" nogil:
     void opk_f2h_full(uint16_t* d, const float* s, int stream)
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
     void opk_f2f_block(float* d, const float* s, Py_ssize_t w)
+    void opk_clamp_block(float* v, float lo, float hi, Py_ssize_t n)
     void opk_f2h_contig(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
     enum: OPK_MAXOPS

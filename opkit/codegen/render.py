@@ -377,6 +377,8 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
         "bool_vars": [str(i.dst) for i in kernel.body if i.kind == "bool"],
         "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
                  for ct in instances},
+        # the float16 loops' element loop (float compute) without the clip: they clamp blocks
+        "body_free": body_lines(kernel, COMPUTE["float32"], file_name, False, quant) if clip else [],
         "init": {ct.tag: init_context(kernel, spec, ct, quant, clip and not ct.integer)
                  for ct in instances},
         "clip": clip,
