@@ -97,10 +97,11 @@ def _aligned_at(n, offset):
     return raw[start:start + 2 * n].view(np.float16)
 
 
-# whole blocks of 64, the partial last one; runs that stream (at least 65536 elements a thread,
-# into memory the caller gave) after a head, ending in a partial block
+# whole blocks of 64, the partial last one; calls that stream (OPK_STREAM_MIN, 2 Mi elements or
+# more, into memory the caller gave) after a head, ending in a partial block
+STREAM_MIN = 1 << 21
 BLOCK_SIZES = [1, 63, 64, 65, 127, 128, 129, 1000]
-STREAM_SIZES = [2 * 65536 + 37, 3 * 65536 + 64]
+STREAM_SIZES = [STREAM_MIN + 37, STREAM_MIN + 3 * 64]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -131,7 +132,7 @@ def test_half_blocks_and_streamed_runs_are_exact(op, isa, n):
                 _assert_same_bits(dx, want_clipped)
 
 
-@pytest.mark.parametrize("n", [65, 2 * 65536 + 37])
+@pytest.mark.parametrize("n", [65, STREAM_MIN + 37])
 def test_half_outputs_on_odd_addresses(op, n):
     """An output that cannot be streamed (its elements are not 2-byte aligned) is written as is."""
     rng = np.random.default_rng(1)
@@ -143,7 +144,7 @@ def test_half_outputs_on_odd_addresses(op, n):
     _assert_same_bits(y, _half_forward(x, 0.3))
 
 
-@pytest.mark.parametrize("n", [63, 64, 65, 2 * 65536 + 37])
+@pytest.mark.parametrize("n", [63, 64, 65, STREAM_MIN + 37])
 def test_half_strided_inputs_into_a_streamed_output(op, n):
     """Non-contiguous float16 inputs are converted in tiles; the output still takes every value."""
     rng = np.random.default_rng(4)
