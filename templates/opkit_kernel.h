@@ -20,6 +20,14 @@
 #define OPK_F16_HW 0
 #endif
 
+/* the helpers a float16 loop calls a block at a time: not inlined, the state they take by
+ * address (a writer, column sums) would live in memory instead of registers */
+#if defined(__GNUC__)
+#define OPK_BLOCK_FN static inline __attribute__((always_inline))
+#else
+#define OPK_BLOCK_FN static inline
+#endif
+
 /* restrict-qualified pointers: a kernel tile never reads memory it writes at another index */
 typedef float *__restrict opk_fp;
 typedef const float *__restrict opk_cfp;
@@ -162,37 +170,119 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
 
 static inline void opk_h2f_full(float *d, const uint16_t *s) { opk_h2f_contig(d, s, OPK_HBLOCK); }
 
-/* a whole block rounded to float16; `stream`: non-temporal stores, d on an OPK_HALF_NT_ALIGN
- * boundary (opk_half_head) */
-static inline void opk_f2h_full(uint16_t *d, const float *s, int stream)
+/* a whole block rounded to float16 */
+static inline void opk_f2h_full(uint16_t *d, const float *s) { opk_f2h_contig(d, s, OPK_HBLOCK); }
+
+/* 32 float16 (one whole, aligned line) streamed */
+static inline void opk_stream_line(uint16_t *d, const uint16_t *s)
 {
-#if OPK_F16_HW && defined(__AVX512F__)
-    if (stream) {
-        for (int i = 0; i < OPK_HBLOCK; i += 16)
-            _mm256_stream_si256((__m256i *)(d + i),
-                                _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        return;
-    }
-#elif OPK_F16_HW
-    if (stream) {
-        for (int i = 0; i < OPK_HBLOCK; i += 8)
-            _mm_stream_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-        return;
-    }
+#if OPK_F16_HW
+    for (int i = 0; i < 32; i += 8)
+        _mm_stream_si128((__m128i *)(d + i), _mm_loadu_si128((const __m128i *)(s + i)));
+#else
+    memcpy(d, s, 64);
 #endif
-    (void)stream;
-    opk_f2h_contig(d, s, OPK_HBLOCK);
 }
 
-/* n floats rounded to float16 with non-temporal stores, d on a 16-byte boundary */
-static inline void opk_f2h_stream(uint16_t *d, const float *s, Py_ssize_t n)
-{
-    Py_ssize_t i = 0;
-#if OPK_F16_HW
-    for (; i + 8 <= n; i += 8)
-        _mm_stream_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+/* A float16 run's results streamed (non-temporal stores) whole lines at a time, wherever the
+ * run starts. NumPy puts a large array's data 16 bytes into a page, so each group of NHWC rows
+ * (opk_walk_rows) and each NCHW row starts and ends inside a line, and a line streamed in part
+ * goes to memory in part (read, merged, written): it measured slower than not streaming at
+ * all. The writer shifts each block's results by the run's offset in its first line (`sh`
+ * elements), carries a block's last `sh` to the line the next one completes, and gives the
+ * run's first and last lines, which it shares with the runs beside it, plain stores.
+ * The blocks must be consecutive: one writer an output, over a run's tiles in order. */
+typedef struct {
+#if OPK_F16_HW && defined(__AVX512BW__)
+    __m512i carry, idx;    /* the last block's second line; the shift as a permutation */
+#else
+    uint16_t carry[32];
 #endif
-    opk_f2h_contig(d + i, s + i, n - i);
+    uint16_t *line;        /* the next whole line to stream */
+    uint16_t *first;       /* the run's first element */
+    int sh;                /* the run's offset in its first line, in elements (0 .. 31) */
+    int state;             /* 0: no block yet, 1: blocks stored, 2: ended (or not used) */
+} opk_ntw;
+
+/* a writer for the run starting at d (an even address) */
+OPK_BLOCK_FN void opk_ntw_start(opk_ntw *w, uint16_t *d)
+{
+    const uintptr_t a = (uintptr_t)d;
+    w->sh = (int)((a & 63) >> 1);
+    w->first = d;
+    w->line = (uint16_t *)(a & ~(uintptr_t)63) + (w->sh ? 32 : 0);
+    w->state = 0;
+#if OPK_F16_HW && defined(__AVX512BW__)
+    /* lane i of a line takes element 32 - sh + i of (previous block part, next block part) */
+    w->idx = _mm512_add_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
+                                               19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
+                                               6, 5, 4, 3, 2, 1, 0),
+                              _mm512_set1_epi16((short)(32 - w->sh)));
+    w->carry = _mm512_setzero_si512();
+#endif
+}
+
+/* the next OPK_HBLOCK (64) results, rounded to float16 */
+OPK_BLOCK_FN void opk_ntw_put(opk_ntw *w, const float *s)
+{
+    const int sh = w->sh;
+#if OPK_F16_HW && defined(__AVX512BW__)
+    const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512i v0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(_mm512_loadu_ps(s), r)),
+                                          _mm512_cvtps_ph(_mm512_loadu_ps(s + 16), r), 1);
+    const __m512i v1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(_mm512_loadu_ps(s + 32), r)),
+                                          _mm512_cvtps_ph(_mm512_loadu_ps(s + 48), r), 1);
+    if (sh == 0) {
+        _mm512_stream_si512((__m512i *)w->line, v0);
+        _mm512_stream_si512((__m512i *)(w->line + 32), v1);
+        w->line += 64;
+    } else if (w->state == 0) {
+        _Alignas(64) uint16_t b[32];  /* (a masked store measured far slower) */
+        _mm512_store_si512((__m512i *)b, v0);
+        memcpy(w->first, b, (size_t)(32 - sh) * 2);
+        _mm512_stream_si512((__m512i *)w->line, _mm512_permutex2var_epi16(v0, w->idx, v1));
+        w->line += 32;
+    } else {
+        _mm512_stream_si512((__m512i *)w->line, _mm512_permutex2var_epi16(w->carry, w->idx, v0));
+        _mm512_stream_si512((__m512i *)(w->line + 32), _mm512_permutex2var_epi16(v0, w->idx, v1));
+        w->line += 64;
+    }
+    w->carry = v1;
+#else
+    uint16_t v[OPK_HBLOCK], buf[32];
+    opk_f2h_contig(v, s, OPK_HBLOCK);
+    if (w->state == 0 && sh) {
+        memcpy(w->first, v, (size_t)(32 - sh) * 2);
+        memcpy(buf, v + 32 - sh, 64);
+        opk_stream_line(w->line, buf);
+        w->line += 32;
+    } else {
+        memcpy(buf, w->carry, (size_t)sh * 2);
+        memcpy(buf + sh, v, (size_t)(32 - sh) * 2);
+        opk_stream_line(w->line, sh ? buf : v);
+        memcpy(buf, v + 32 - sh, 64);
+        opk_stream_line(w->line + 32, buf);
+        w->line += 64;
+    }
+    memcpy(w->carry, v + 64 - sh, (size_t)sh * 2);
+#endif
+    w->state = 1;
+}
+
+/* the run's last line: the carried elements, plainly (the elements after them are the next
+ * run's, or the partial block's that follows as it is) */
+OPK_BLOCK_FN void opk_ntw_end(opk_ntw *w)
+{
+    if (w->state == 1 && w->sh) {
+#if OPK_F16_HW && defined(__AVX512BW__)
+        _Alignas(64) uint16_t b[32];
+        _mm512_store_si512((__m512i *)b, _mm512_permutex2var_epi16(w->carry, w->idx, w->carry));
+        memcpy(w->line, b, (size_t)w->sh * 2);
+#else
+        memcpy(w->line, w->carry, (size_t)w->sh * 2);
+#endif
+    }
+    w->state = 2;
 }
 
 /* the last, partial block: d[0 .. OPK_HBLOCK) = s[0 .. w) as floats, then zeros */
@@ -606,10 +696,79 @@ static inline void opk_store_c(int ccode, char *dst, Py_ssize_t stride, int code
 typedef void (*opk_tile_fn)(Py_ssize_t n, char *const *p, const void *ctx);
 /* rows of `inner` elements: operands in `mask` (inputs) hold one value per row, the others run on
  * contiguously from row to row; everything is stored in the compute type */
-/* the element loop on float16 operands: whole blocks stream their float16 results when
- * `stream` (every output then starts on an OPK_HALF_NT_ALIGN boundary); the inputs in `fmask`
- * (bit i) are floats already, read as they are */
-typedef void (*opk_htile_fn)(Py_ssize_t n, char *const *p, const void *ctx, int stream, int fmask);
+/* Column sums a float16 loop adds up in registers (htile_f), where a run's rows are its blocks
+ * (OPK_HBLOCK channels over NHWC, say): output i's block of float32 column sums f[i] (an
+ * opk_cols block, NULL: not summed so), added row by row and into its float64 partials acc[i]
+ * every OPK_FROWS rows, as opk_cols_accum does; `rows` of the block are in. */
+typedef struct {
+    float *f[OPK_MAXOPS];
+    double *acc[OPK_MAXOPS];
+    Py_ssize_t rows;
+} opk_hsums;
+
+/* A block of OPK_HBLOCK column sums in registers (htile_f): the same float32 adds, row after
+ * row, and the same flush into float64, as opk_cols_accum and opk_cols_flush. */
+typedef struct {
+#if OPK_F16_HW && defined(__AVX512F__)
+    __m512 v[4];
+#else
+    float v[OPK_HBLOCK];
+#endif
+} opk_hacc;
+
+OPK_BLOCK_FN void opk_hacc_load(opk_hacc *a, const float *f)
+{
+#if OPK_F16_HW && defined(__AVX512F__)
+    for (int q = 0; q < 4; q++) a->v[q] = _mm512_loadu_ps(f + 16 * q);
+#else
+    memcpy(a->v, f, sizeof a->v);
+#endif
+}
+
+OPK_BLOCK_FN void opk_hacc_store(const opk_hacc *a, float *f)
+{
+#if OPK_F16_HW && defined(__AVX512F__)
+    for (int q = 0; q < 4; q++) _mm512_storeu_ps(f + 16 * q, a->v[q]);
+#else
+    memcpy(f, a->v, sizeof a->v);
+#endif
+}
+
+/* a row: a += g */
+OPK_BLOCK_FN void opk_hacc_add(opk_hacc *a, const float *g)
+{
+#if OPK_F16_HW && defined(__AVX512F__)
+    for (int q = 0; q < 4; q++) a->v[q] = _mm512_add_ps(a->v[q], _mm512_loadu_ps(g + 16 * q));
+#else
+    for (int j = 0; j < OPK_HBLOCK; j++) a->v[j] += g[j];
+#endif
+}
+
+/* acc += a in float64, and a cleared */
+OPK_BLOCK_FN void opk_hacc_flush(opk_hacc *a, double *acc)
+{
+#if OPK_F16_HW && defined(__AVX512F__)
+    for (int q = 0; q < 4; q++) {
+        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(a->v[q]));
+        const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a->v[q]), 1)));
+        _mm512_storeu_pd(acc + 16 * q, _mm512_add_pd(_mm512_loadu_pd(acc + 16 * q), lo));
+        _mm512_storeu_pd(acc + 16 * q + 8, _mm512_add_pd(_mm512_loadu_pd(acc + 16 * q + 8), hi));
+        a->v[q] = _mm512_setzero_ps();
+    }
+#else
+    for (int j = 0; j < OPK_HBLOCK; j++) {
+        acc[j] += (double)a->v[j];
+        a->v[j] = 0.0f;
+    }
+#endif
+}
+
+/* the element loop on float16 operands: whole blocks stream their float16 results through
+ * w[i] (output i's writer, over the run's tiles) unless w is NULL; the inputs in `fmask`
+ * (bit i) are floats already, read as they are; htile_f adds the column sums in `hs` (or
+ * NULL) from its registers */
+typedef void (*opk_htile_fn)(Py_ssize_t n, char *const *p, const void *ctx, opk_ntw *w, int fmask,
+                             opk_hsums *hs);
 typedef void (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char *const *ptr,
                             const Py_ssize_t *rstep, int mask, const void *ctx);
 
@@ -1105,36 +1264,10 @@ static inline int opk_half_inputs(const opk_kernel *k, const Py_ssize_t *step, c
     return fmask;
 }
 
-/* The alignment the float16 loops' non-temporal stores need (opk_f2h_full). */
-#if OPK_F16_HW && defined(__AVX512F__)
-#define OPK_HALF_NT_ALIGN 32
-#else
-#define OPK_HALF_NT_ALIGN 16
-#endif
-
-/* Elements before every stored output of a float16 run is on an OPK_HALF_NT_ALIGN boundary, so
- * that the rest can be streamed; -1 when they never are together. (Not to a whole line: NumPy
- * puts a large array's data 16 bytes into a page, and a head to the next line would cut every
- * group of NHWC rows into tiles that split rows and blocks.) */
-static inline Py_ssize_t opk_half_head(const opk_kernel *k, char *const *ptr)
-{
-    Py_ssize_t head = -1;
-    for (int o = k->nin; o < k->nops; o++) {
-        if (k->discard >> o & 1) continue;
-        const uintptr_t a = (uintptr_t)ptr[o], m = OPK_HALF_NT_ALIGN - 1;
-        const Py_ssize_t h = a & 1 ? -1 : (Py_ssize_t)((OPK_HALF_NT_ALIGN - (a & m)) & m) / 2;
-        if (h < 0 || (head >= 0 && h != head)) return -1;
-        head = h;
-    }
-    return head;
-}
-
-/* Float16 runs shorter than this are not streamed. A group of NHWC rows is a run of
- * OPK_GROUP elements: streamed, each group's edges were stored as they are next to lines
- * written around the cache, and the fused bias's float16 backward over NHWC took 1.6 times
- * as long as with plain stores (16M elements, two threads); NCHW's long rows gain from it. */
+/* Float16 runs shorter than this are not streamed: a run's first and last lines take plain
+ * stores (opk_ntw), which a run of a few lines would be mostly made of. */
 #ifndef OPK_HALF_STREAM_RUN
-#define OPK_HALF_STREAM_RUN 16384
+#define OPK_HALF_STREAM_RUN 1024
 #endif
 
 /* The float16 loops take OPK_HALF_TILES tiles' worth of elements at a time: they work in
@@ -1142,13 +1275,52 @@ static inline Py_ssize_t opk_half_head(const opk_kernel *k, char *const *ptr)
  * the pointers) was a third of a float16 backward's time with folded sums at 256 elements. */
 #define OPK_HALF_TILES 4
 
+/* Writers (opk_ntw) for a float16 run's stored outputs, or NULL: the call is small, the run
+ * short, an output on an odd address, or the tiles not whole blocks. */
+static inline opk_ntw *opk_ntw_run(const opk_kernel *k, char *const *out, Py_ssize_t n,
+                                   Py_ssize_t len, opk_ntw *w)
+{
+    if (!k->stream || n < OPK_HALF_STREAM_RUN || len % OPK_HBLOCK) return NULL;
+    for (int o = k->nin; o < k->nops; o++)
+        if (!(k->discard >> o & 1) && ((uintptr_t)out[o] & 1)) return NULL;
+    for (int o = k->nin; o < k->nops; o++) {
+        w[o - k->nin].state = 2;
+        if (!(k->discard >> o & 1)) opk_ntw_start(&w[o - k->nin], (uint16_t *)out[o]);
+    }
+    return w;
+}
+
+/* The column sums htile_f adds up in registers (opk_hsums), or NULL: every sum is kept as
+ * column blocks (opk_cols_start) of rows that are whole blocks, in runs and tiles of whole
+ * rows, and no output is summed twice. */
+static inline opk_hsums *opk_hsums_start(const opk_kernel *k, opk_cols *cols, int cmask,
+                                         char *const *ptr, Py_ssize_t n, Py_ssize_t len,
+                                         Py_ssize_t inner, opk_hsums *hs)
+{
+    if (inner != OPK_HBLOCK || n % inner || len % inner || cmask != (1 << k->nacc) - 1)
+        return NULL;
+    for (int o = 0; o < k->nops - k->nin; o++) hs->f[o] = NULL;
+    for (int a = 0; a < k->nacc; a++) {
+        const int o = k->acc_src[a] - k->nin;
+        if (hs->f[o] != NULL) return NULL;
+        hs->f[o] = cols[a].f;
+        hs->acc[o] = (double *)ptr[k->nops + a];
+    }
+    hs->rows = 0;
+    return hs;
+}
+
+static inline void opk_ntw_finish(const opk_kernel *k, opk_ntw *w)
+{
+    for (int o = 0; w != NULL && o < k->nops - k->nin; o++) opk_ntw_end(&w[o]);
+}
+
 /* A float16 run through the kernel's float16 element loop (`fmask`: opk_half_inputs): an input
  * broadcast along the run is converted once and repeated into a float scratch tile; float
  * inputs are read as they are. With folded sums, the loop (htile_f) rounds each block of an
  * output to float16 where it is stored and copies the float block into a tile where a sum
  * reads it: the sums add up the results before they are rounded. Into memory the caller gave
- * (k->stream: a large call), the results are streamed from the first OPK_HALF_NT_ALIGN
- * boundary on. */
+ * (k->stream: a large call), the results are streamed (opk_ntw_run). */
 static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, char **ptr,
                              const Py_ssize_t *step, const int *code, int fmask, Py_ssize_t inner,
                              const Py_ssize_t *acc_rs, Py_ssize_t pos)
@@ -1157,6 +1329,7 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     int tiled = k->nacc > 0, summed = 0;
     char *t[2 * OPK_MAXOPS];    /* htile_f: then the outputs' float16 destinations */
     Py_ssize_t es[OPK_MAXOPS];  /* bytes per element as the loop reads it */
+    opk_ntw ws[OPK_MAXOPS];
     for (int a = 0; a < k->nacc; a++) summed |= 1 << k->acc_src[a];
     for (int o = 0; o < k->nops; o++) es[o] = fmask >> o & 1 ? 4 : 2;
     for (int o = 0; o < k->nin; o++) {
@@ -1166,46 +1339,43 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
         else opk_fill_u16((uint16_t *)tile, *(const uint16_t *)ptr[o], n < len ? n : len);
         tiled = 1;
     }
-    /* tiles of len elements (a multiple of 32) keep the outputs aligned after the head */
-    Py_ssize_t head = k->stream && n >= OPK_HALF_STREAM_RUN && !(tiled && len % 32)
-                      ? opk_half_head(k, ptr) : -1;
-    if (head >= n) head = -1;
-    if (!tiled && head < 0) {
-        k->htile(n, ptr, k->ctx, 0, fmask);
-        return;
-    }
-    if (!tiled) {  /* the elements before the first aligned one as they are, then streamed */
-        for (int o = 0; o < k->nops; o++) t[o] = ptr[o] + head * es[o];
-        k->htile(head, ptr, k->ctx, 0, fmask);
-        k->htile(n - head, t, k->ctx, 1, fmask);
+    opk_ntw *w = opk_ntw_run(k, ptr, n, tiled ? len : OPK_HBLOCK, ws);
+    if (!tiled) {
+        k->htile(n, ptr, k->ctx, w, fmask, NULL);
+        opk_ntw_finish(k, w);
         return;
     }
     opk_cols cols[OPK_MAXACC];
     opk_lanes rows[OPK_MAXACC];
     const int cmask = opk_cols_start(k, cols, OPK_F32, step, acc_rs, inner);
     opk_rows_start(k, rows);
+    opk_hsums hsums;
+    opk_hsums *hs = opk_hsums_start(k, cols, cmask, ptr, n, len, inner, &hsums);
+    if (hs != NULL) summed = 0;  /* no sum reads a float tile */
     for (Py_ssize_t i = 0, m; i < n; i += m) {
-        const int first = i == 0 && head > 0, stream = head >= 0 && !first;
-        m = first ? head : (n - i < len ? n - i : len);
+        m = n - i < len ? n - i : len;
         for (int o = 0; o < k->nops; o++)
             t[o] = o >= k->nin ? (k->nacc ? scratch + o * len * 4 : ptr[o] + i * 2)
                                : (step[o] == 0 ? scratch + o * len * 4 : ptr[o] + i * es[o]);
         if (k->nacc == 0) {
-            k->htile(m, t, k->ctx, stream, fmask);
+            k->htile(m, t, k->ctx, w, fmask, NULL);
             continue;
         }
         for (int o = k->nin; o < k->nops; o++) {
             if (!(summed >> o & 1)) t[o] = NULL;
             t[k->nops + o - k->nin] = k->discard >> o & 1 ? NULL : ptr[o] + i * 2;
         }
-        k->htile_f(m, t, k->ctx, stream, fmask);
-        for (int a = 0; a < k->nacc; a++)
+        k->htile_f(m, t, k->ctx, w, fmask, hs);
+        for (int a = 0; a < k->nacc && hs == NULL; a++)
             opk_accum_rows(OPK_F32, k->acc_fblock, ptr[k->nops + a] + (i / inner) * acc_rs[a],
                            acc_rs[a], step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m,
                            pos + i, cmask >> a & 1 ? &cols[a] : NULL, k->acc_rows[a] ? &rows[a] : NULL);
     }
-    for (int a = 0; a < k->nacc; a++)
+    opk_ntw_finish(k, w);
+    for (int a = 0; a < k->nacc; a++) {
+        if (hs != NULL) cols[a].rows = hs->rows;
         if (cmask >> a & 1) opk_cols_flush(&cols[a], (double *)ptr[k->nops + a], inner);
+    }
 }
 
 /* A run whose only other inputs are broadcast along it (a per-channel bias over NCHW's rows of

@@ -15,7 +15,16 @@ cdef extern from "opkit_kernel.h" nogil:
     ctypedef int64_t* opk_lp
     ctypedef const int64_t* opk_clp
     ctypedef void (*opk_tile_fn)(Py_ssize_t, char* const*, const void*) noexcept nogil
-    ctypedef void (*opk_htile_fn)(Py_ssize_t, char* const*, const void*, int, int) noexcept nogil
+    enum: OPK_MAXOPS
+    ctypedef struct opk_ntw:
+        pass
+    ctypedef struct opk_hsums:
+        float* f[OPK_MAXOPS]
+        double* acc[OPK_MAXOPS]
+        Py_ssize_t rows
+    ctypedef struct opk_hacc:
+        pass
+    ctypedef void (*opk_htile_fn)(Py_ssize_t, char* const*, const void*, opk_ntw*, int, opk_hsums*) noexcept nogil
     ctypedef void (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
     enum: OPK_MAXACC
     enum: OPK_HBLOCK
@@ -37,13 +46,19 @@ cdef extern from "opkit_kernel.h" nogil:
         opk_htile_fn htile_f
         uint64_t discard
     void opk_h2f_full(float* d, const uint16_t* s)
-    void opk_f2h_full(uint16_t* d, const float* s, int stream)
+    void opk_f2h_full(uint16_t* d, const float* s)
+    void opk_ntw_put(opk_ntw* w, const float* s)
+    void opk_ntw_end(opk_ntw* w)
+    void opk_hacc_load(opk_hacc* a, const float* f)
+    void opk_hacc_store(const opk_hacc* a, float* f)
+    void opk_hacc_add(opk_hacc* a, const float* g)
+    void opk_hacc_flush(opk_hacc* a, double* acc)
+    enum: OPK_FROWS
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
     void opk_f2f_block(float* d, const float* s, Py_ssize_t w)
     void opk_clamp_block(float* v, float lo, float hi, Py_ssize_t n)
     void opk_f2h_contig(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
-    enum: OPK_MAXOPS
     int32_t opk_qmul_i(int32_t x, int32_t m, int bits)
     int64_t opk_qmul_l(int64_t x, int64_t m, int bits)
     bint opk_overflows_f(double v)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import opkit
+from opkit.target import runs_here
 
 ISAS = ["native", "portable"]
 
@@ -196,18 +197,25 @@ def _bias_views(c, rng):
     return b, [b, every_other[::2], reversed_]
 
 
-@pytest.mark.parametrize("layout, shape", [
-    ("NCHW", (2, 5, 33, 37)),        # the bias constant along each row of H x W
-    ("NHWC", (2, 33, 37, 5)),        # the bias row repeated on every pixel (groups of rows)
-    ("NCHW", (1, 4, 600, 900)),      # long rows, into memory the call streams
-    ("NHWC", (1, 600, 900, 4)),      # a large call in groups of short rows
+@pytest.mark.parametrize("isa, layout, shape", [
+    ("native", "NCHW", (2, 5, 33, 37)),        # the bias constant along each row of H x W
+    ("native", "NHWC", (2, 33, 37, 5)),        # the bias row repeated on every pixel (groups)
+    ("native", "NCHW", (1, 4, 600, 900)),      # long rows, into memory the call streams
+    ("native", "NHWC", (1, 600, 900, 4)),      # a large call in groups of short rows
+    ("native", "NHWC", (1, 200, 170, 64)),     # rows of one block: column sums in registers
+    ("x86-64-v3", "NCHW", (1, 4, 600, 900)),   # AVX2: the writer and sums without AVX-512
+    ("x86-64-v3", "NHWC", (1, 200, 170, 64)),
 ])
-def test_a_float16_bias_along_the_run_is_read_as_float16(layout, shape):
+def test_a_float16_bias_along_the_run_is_read_as_float16(isa, layout, shape):
     """fused_bias_leaky_relu in float16 with its bias broadcast along the run (constant along
     NCHW's rows, repeated across NHWC's pixels): the float16 loops read it as float16, filled or
     spread from any stride. y and dx are NumPy's float32 computation rounded once, bit for bit;
     dbias is the float64 sum of the unrounded float32 gradients within float16's rounding; the
-    strided and reversed biases give the contiguous one's bits, on one thread and two."""
+    strided and reversed biases give the contiguous one's bits, on one thread and two. The large
+    calls stream their float16 results whole lines at a time from inside a line (NumPy's data
+    starts 16 bytes into a page), and rows of 64 channels add dbias in registers."""
+    if not runs_here(isa):
+        pytest.skip(f"this CPU does not run {isa} builds")
     op = opkit.get("fused_bias_leaky_relu")
     rng = np.random.default_rng(7)
     c = shape[1] if layout == "NCHW" else shape[3]
@@ -230,7 +238,7 @@ def test_a_float16_bias_along_the_run_is_read_as_float16(layout, shape):
     for threads in (1, 2):
         for bias in views:
             y, dx, db = np.empty_like(x), np.empty_like(x), np.empty_like(b)
-            with opkit.config(num_threads=threads):   # into memory given: large calls stream
+            with opkit.config(isa=isa, num_threads=threads):   # given memory: large calls stream
                 op(x, bias, layout=layout, out=y)
                 op.backward(dy, x, bias, layout=layout, out=(dx, db))
             _assert_same_bits(y, want_y)
