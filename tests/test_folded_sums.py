@@ -224,6 +224,33 @@ def test_vectorized_sums_add_the_same_numbers_as_the_portable_build(layout, c, d
     np.testing.assert_allclose(results[0][0], g, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_float32_runs_stream_into_given_memory(layout):
+    """A large float32 call into given memory streams each run, an NCHW row or a group of NHWC
+    rows, whole lines from its first aligned one, the lines it shares with the runs beside it
+    stored plainly. dx, dbias and y are bitwise those of the same call into fresh arrays (which
+    does not stream), wherever the given memory starts, on one thread and two; and dx and dbias
+    are NumPy's float64 gradient within float32's rounding."""
+    op = opkit.get("fused_bias_leaky_relu")
+    shape = (1, 64, 180, 190) if layout == "NCHW" else (1, 180, 190, 64)  # 2.19M: calls stream
+    rng = np.random.default_rng(11)
+    x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    b = rng.standard_normal(64).astype(np.float32)
+    dx0, db0 = op.backward(dy, x, b, layout=layout)
+    y0 = op(x, b, layout=layout)
+    g, gb = _fused_bias_reference(x, b, dy, layout)
+    np.testing.assert_allclose(dx0, g, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(db0, gb, rtol=1e-5, atol=1e-4)
+    for threads in (1, 2):
+        for k in (0, 1, 5):   # dx 0, 4 and 20 bytes past NumPy's usual start
+            dx, db, y = _offset(x, k), np.empty_like(b), _offset(x, k + 3)
+            with opkit.config(num_threads=threads):
+                op.backward(dy, x, b, layout=layout, out=(dx, db))
+                op(x, b, layout=layout, out=y)
+            assert np.array_equal(dx, dx0) and np.array_equal(db, db0), (threads, k)
+            assert np.array_equal(y, y0), (threads, k)
+
+
 def test_sums_of_different_sizes_in_one_kernel(tmp_path):
     """Each folded sum's partials move on by their own chunk stride: a sum over C and one over H
     of the same terms fold into one kernel, and both are right."""
