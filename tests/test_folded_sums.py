@@ -193,9 +193,9 @@ def test_a_per_pixel_slope_over_channels(dtype):
 
 
 def _offset(like, k):
-    """An array like `like`, k elements into a bigger buffer: the first boundary its
-    non-temporal stores need (16 bytes; 32 with AVX-512) comes after a head of elements, so
-    the float16 path streams from there."""
+    """An array like `like`, k elements into a bigger buffer: its runs start k elements past
+    NumPy's usual 16 bytes into a line, so the streamed lines begin after a head of elements
+    stored plainly."""
     raw = np.empty(like.size + 64, like.dtype)
     return raw[k:k + like.size].reshape(like.shape)
 
