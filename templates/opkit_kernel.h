@@ -702,14 +702,71 @@ static inline void opk_store_c(int ccode, char *dst, Py_ssize_t stride, int code
 typedef void (*opk_tile_fn)(Py_ssize_t n, char *const *p, const void *ctx);
 /* rows of `inner` elements: operands in `mask` (inputs) hold one value per row, the others run on
  * contiguously from row to row; everything is stored in the compute type */
-/* Column sums a float16 loop adds up in registers (htile_f), where a run's rows are its blocks
- * (OPK_HBLOCK channels over NHWC, say): output i's block of float32 column sums f[i] (an
- * opk_cols block, NULL: not summed so), added row by row and into its float64 partials acc[i]
- * every OPK_FROWS rows, as opk_cols_accum does; `rows` of the block are in. */
+/* A lanes sum (opk_lanes) in registers (htile_f), over whole blocks of OPK_FBLOCK (128)
+ * positions, two float16 blocks each: the sixteen float32 lanes of the block, then into the
+ * eight float64 lanes, the adds of opk_accum_blocks_f in the same order. */
+typedef struct {
+#if OPK_F16_HW && defined(__AVX512F__)
+    __m512d s;
+    __m512 a;
+#else
+    double s[8];
+    float a[16];
+#endif
+    int half;    /* the block's first half is in a */
+} opk_hlanes;
+
+OPK_BLOCK_FN void opk_hlanes_load(opk_hlanes *h, const double *s)
+{
+#if OPK_F16_HW && defined(__AVX512F__)
+    h->s = _mm512_loadu_pd(s);
+    h->a = _mm512_setzero_ps();
+#else
+    memcpy(h->s, s, sizeof h->s);
+#endif
+    h->half = 0;
+}
+
+OPK_BLOCK_FN void opk_hlanes_store(const opk_hlanes *h, double *s)
+{
+#if OPK_F16_HW && defined(__AVX512F__)
+    _mm512_storeu_pd(s, h->s);
+#else
+    memcpy(s, h->s, sizeof h->s);
+#endif
+}
+
+/* the next OPK_HBLOCK results of the block */
+OPK_BLOCK_FN void opk_hlanes_add(opk_hlanes *h, const float *g)
+{
+#if OPK_F16_HW && defined(__AVX512F__)
+    __m512 a = h->half ? _mm512_add_ps(h->a, _mm512_loadu_ps(g)) : _mm512_loadu_ps(g);
+    for (int q = 16; q < OPK_HBLOCK; q += 16) a = _mm512_add_ps(a, _mm512_loadu_ps(g + q));
+    if (h->half) {  /* lane l, then l + 8, into float64 lane l */
+        h->s = _mm512_add_pd(h->s, _mm512_cvtps_pd(_mm512_castps512_ps256(a)));
+        h->s = _mm512_add_pd(h->s, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+    }
+    h->a = a;
+#else
+    for (int q = 0; q < OPK_HBLOCK; q++)
+        h->a[q & 15] = h->half || q >= 16 ? h->a[q & 15] + g[q] : g[q];
+    if (h->half)
+        for (int l = 0; l < 8; l++) h->s[l] = (h->s[l] + (double)h->a[l]) + (double)h->a[l + 8];
+#endif
+    h->half ^= 1;
+}
+
+/* Sums a float16 loop adds up in registers (htile_f). Column sums, where a run's rows are its
+ * blocks (OPK_HBLOCK channels over NHWC, say): output i's block of float32 column sums f[i]
+ * (an opk_cols block, NULL: not summed so), added row by row and into its float64 partials
+ * acc[i] every OPK_FROWS rows, as opk_cols_accum does; `rows` of the block are in. Or a
+ * lanes sum (a per-channel sum over NCHW's rows): ls[i]. */
 typedef struct {
     float *f[OPK_MAXOPS];
     double *acc[OPK_MAXOPS];
     Py_ssize_t rows;
+    double *ls[OPK_MAXOPS];  /* or output i's lanes sum's float64 lanes (opk_lanes.s), for a
+                              * tile of whole OPK_FBLOCK blocks: opk_hlanes */
 } opk_hsums;
 
 /* A block of OPK_HBLOCK column sums in registers (htile_f): the same float32 adds, row after
@@ -1305,7 +1362,7 @@ static inline opk_hsums *opk_hsums_start(const opk_kernel *k, opk_cols *cols, in
 {
     if (inner != OPK_HBLOCK || n % inner || len % inner || cmask != (1 << k->nacc) - 1)
         return NULL;
-    for (int o = 0; o < k->nops - k->nin; o++) hs->f[o] = NULL;
+    for (int o = 0; o < k->nops - k->nin; o++) hs->f[o] = NULL, hs->ls[o] = NULL;
     for (int a = 0; a < k->nacc; a++) {
         const int o = k->acc_src[a] - k->nin;
         if (hs->f[o] != NULL) return NULL;
@@ -1314,6 +1371,70 @@ static inline opk_hsums *opk_hsums_start(const opk_kernel *k, opk_cols *cols, in
     }
     hs->rows = 0;
     return hs;
+}
+
+/* Whether a float16 run's sums are all lanes sums htile_f can add up in registers, a tile of
+ * whole blocks at a time (opk_hlanes_tile): float32 lanes over blocks (float16 data), each
+ * sum's element the same along a row (row sums: opk_rows_accum) or along the run, no output
+ * summed twice. */
+static inline int opk_hlanes_ok(const opk_kernel *k, const Py_ssize_t *step, const Py_ssize_t *acc_rs,
+                                Py_ssize_t n, Py_ssize_t inner)
+{
+    int seen = 0;
+    if (!k->acc_fblock || k->nacc == 0) return 0;
+    for (int a = 0; a < k->nacc; a++) {
+        if (step[k->nops + a] != 0 || (!k->acc_rows[a] && acc_rs[a] != 0 && n > inner)) return 0;
+        if (seen >> k->acc_src[a] & 1) return 0;
+        seen |= 1 << k->acc_src[a];
+    }
+    return 1;
+}
+
+/* The lanes sums for a tile of m elements, i into the run (walk position pos + i), or NULL
+ * where a sum's blocks do not start with the tile (a row sum's count from its row's start):
+ * each one's float32 lanes are flushed where they hold another block, as opk_accum_lanes_f
+ * does first. */
+static inline opk_hsums *opk_hlanes_tile(const opk_kernel *k, char *const *ptr, opk_lanes *rows,
+                                         Py_ssize_t i, Py_ssize_t m, Py_ssize_t pos,
+                                         Py_ssize_t inner, opk_hsums *hs)
+{
+    const Py_ssize_t col = i % inner;
+    if (m % OPK_FBLOCK) return NULL;
+    for (int a = 0; a < k->nacc; a++) {
+        const Py_ssize_t p = k->acc_rows[a] ? col : pos + i;
+        if (p % OPK_FBLOCK || (k->acc_rows[a] && col + m > inner)) return NULL;
+    }
+    for (int o = 0; o < k->nops - k->nin; o++) hs->f[o] = NULL, hs->ls[o] = NULL;
+    for (int a = 0; a < k->nacc; a++) {
+        opk_lanes *L = k->acc_rows[a] ? &rows[a] : (opk_lanes *)ptr[k->nops + a];
+        const Py_ssize_t b = (k->acc_rows[a] ? col : pos + i) / OPK_FBLOCK;
+        if (L->block != b) {
+            opk_lanes_flush(L);
+            L->block = b;
+        }
+        hs->ls[k->acc_src[a] - k->nin] = L->s;
+    }
+    hs->rows = 0;
+    return hs;
+}
+
+/* ... and after it: each lanes sum's next block; a row sum whose row the tile completed is
+ * added into its element, as opk_rows_accum does */
+static inline void opk_hlanes_done(const opk_kernel *k, char *const *ptr, opk_lanes *rows,
+                                   const Py_ssize_t *acc_rs, Py_ssize_t i, Py_ssize_t m,
+                                   Py_ssize_t pos, Py_ssize_t inner)
+{
+    const Py_ssize_t col = i % inner;
+    for (int a = 0; a < k->nacc; a++) {
+        if (!k->acc_rows[a]) {
+            ((opk_lanes *)ptr[k->nops + a])->block = (pos + i + m) / OPK_FBLOCK;
+            continue;
+        }
+        rows[a].block = (col + m) / OPK_FBLOCK;
+        if (col + m < inner) continue;
+        *(double *)(ptr[k->nops + a] + (i / inner) * acc_rs[a]) += opk_lanes_value(&rows[a]);
+        opk_rows_clear(&rows[a]);
+    }
 }
 
 static inline void opk_ntw_finish(const opk_kernel *k, opk_ntw *w)
@@ -1355,9 +1476,10 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
     opk_lanes rows[OPK_MAXACC];
     const int cmask = opk_cols_start(k, cols, OPK_F32, step, acc_rs, inner);
     opk_rows_start(k, rows);
-    opk_hsums hsums;
+    opk_hsums hsums, hl;
     opk_hsums *hs = opk_hsums_start(k, cols, cmask, ptr, n, len, inner, &hsums);
     if (hs != NULL) summed = 0;  /* no sum reads a float tile */
+    const int lanes = hs == NULL && cmask == 0 && opk_hlanes_ok(k, step, acc_rs, n, inner);
     for (Py_ssize_t i = 0, m; i < n; i += m) {
         m = n - i < len ? n - i : len;
         for (int o = 0; o < k->nops; o++)
@@ -1367,12 +1489,15 @@ static void opk_segment_half(const opk_kernel *k, char *scratch, Py_ssize_t n, c
             k->htile(m, t, k->ctx, w, fmask, NULL);
             continue;
         }
+        /* a tile of whole blocks adds its lanes sums in registers */
+        opk_hsums *th = lanes ? opk_hlanes_tile(k, ptr, rows, i, m, pos, inner, &hl) : hs;
         for (int o = k->nin; o < k->nops; o++) {
-            if (!(summed >> o & 1)) t[o] = NULL;
+            if (!(summed >> o & 1) || th == &hl) t[o] = NULL;
             t[k->nops + o - k->nin] = k->discard >> o & 1 ? NULL : ptr[o] + i * 2;
         }
-        k->htile_f(m, t, k->ctx, w, fmask, hs);
-        for (int a = 0; a < k->nacc && hs == NULL; a++)
+        k->htile_f(m, t, k->ctx, w, fmask, th);
+        if (th == &hl) opk_hlanes_done(k, ptr, rows, acc_rs, i, m, pos, inner);
+        for (int a = 0; a < k->nacc && th == NULL; a++)
             opk_accum_rows(OPK_F32, k->acc_fblock, ptr[k->nops + a] + (i / inner) * acc_rs[a],
                            acc_rs[a], step[k->nops + a], inner, i % inner, t[k->acc_src[a]], m,
                            pos + i, cmask >> a & 1 ? &cols[a] : NULL, k->acc_rows[a] ? &rows[a] : NULL);

@@ -22,7 +22,10 @@ cdef extern from "opkit_kernel.h" nogil:
         float* f[OPK_MAXOPS]
         double* acc[OPK_MAXOPS]
         Py_ssize_t rows
+        double* ls[OPK_MAXOPS]
     ctypedef struct opk_hacc:
+        pass
+    ctypedef struct opk_hlanes:
         pass
     ctypedef void (*opk_htile_fn)(Py_ssize_t, char* const*, const void*, opk_ntw*, int, opk_hsums*) noexcept nogil
     ctypedef void (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
@@ -53,6 +56,9 @@ cdef extern from "opkit_kernel.h" nogil:
     void opk_hacc_store(const opk_hacc* a, float* f)
     void opk_hacc_add(opk_hacc* a, const float* g)
     void opk_hacc_flush(opk_hacc* a, double* acc)
+    void opk_hlanes_load(opk_hlanes* h, const double* s)
+    void opk_hlanes_store(const opk_hlanes* h, double* s)
+    void opk_hlanes_add(opk_hlanes* h, const float* g)
     enum: OPK_FROWS
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
     void opk_f2f_block(float* d, const float* s, Py_ssize_t w)
