@@ -173,118 +173,6 @@ static inline void opk_h2f_full(float *d, const uint16_t *s) { opk_h2f_contig(d,
 /* a whole block rounded to float16 */
 static inline void opk_f2h_full(uint16_t *d, const float *s) { opk_f2h_contig(d, s, OPK_HBLOCK); }
 
-/* 32 float16 (one whole, aligned line) streamed */
-static inline void opk_stream_line(uint16_t *d, const uint16_t *s)
-{
-#if OPK_F16_HW
-    for (int i = 0; i < 32; i += 8)
-        _mm_stream_si128((__m128i *)(d + i), _mm_loadu_si128((const __m128i *)(s + i)));
-#else
-    memcpy(d, s, 64);
-#endif
-}
-
-/* A float16 run's results streamed (non-temporal stores) whole lines at a time, wherever the
- * run starts. NumPy puts a large array's data 16 bytes into a page, so each group of NHWC rows
- * (opk_walk_rows) and each NCHW row starts and ends inside a line, and a line streamed in part
- * goes to memory in part (read, merged, written): it measured slower than not streaming at
- * all. The writer shifts each block's results by the run's offset in its first line (`sh`
- * elements), carries a block's last `sh` to the line the next one completes, and gives the
- * run's first and last lines, which it shares with the runs beside it, plain stores.
- * The blocks must be consecutive: one writer an output, over a run's tiles in order. */
-typedef struct {
-#if OPK_F16_HW && defined(__AVX512BW__)
-    __m512i carry, idx;    /* the last block's second line; the shift as a permutation */
-#else
-    uint16_t carry[32];
-#endif
-    uint16_t *line;        /* the next whole line to stream */
-    uint16_t *first;       /* the run's first element */
-    int sh;                /* the run's offset in its first line, in elements (0 .. 31) */
-    int state;             /* 0: no block yet, 1: blocks stored, 2: ended (or not used) */
-} opk_ntw;
-
-/* a writer for the run starting at d (an even address) */
-OPK_BLOCK_FN void opk_ntw_start(opk_ntw *w, uint16_t *d)
-{
-    const uintptr_t a = (uintptr_t)d;
-    w->sh = (int)((a & 63) >> 1);
-    w->first = d;
-    w->line = (uint16_t *)(a & ~(uintptr_t)63) + (w->sh ? 32 : 0);
-    w->state = 0;
-#if OPK_F16_HW && defined(__AVX512BW__)
-    /* lane i of a line takes element 32 - sh + i of (previous block part, next block part) */
-    w->idx = _mm512_add_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
-                                               19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
-                                               6, 5, 4, 3, 2, 1, 0),
-                              _mm512_set1_epi16((short)(32 - w->sh)));
-    w->carry = _mm512_setzero_si512();
-#endif
-}
-
-/* the next OPK_HBLOCK (64) results, rounded to float16 */
-OPK_BLOCK_FN void opk_ntw_put(opk_ntw *w, const float *s)
-{
-    const int sh = w->sh;
-#if OPK_F16_HW && defined(__AVX512BW__)
-    const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    const __m512i v0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(_mm512_loadu_ps(s), r)),
-                                          _mm512_cvtps_ph(_mm512_loadu_ps(s + 16), r), 1);
-    const __m512i v1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(_mm512_loadu_ps(s + 32), r)),
-                                          _mm512_cvtps_ph(_mm512_loadu_ps(s + 48), r), 1);
-    if (sh == 0) {
-        _mm512_stream_si512((__m512i *)w->line, v0);
-        _mm512_stream_si512((__m512i *)(w->line + 32), v1);
-        w->line += 64;
-    } else if (w->state == 0) {
-        _Alignas(64) uint16_t b[32];  /* (a masked store measured far slower) */
-        _mm512_store_si512((__m512i *)b, v0);
-        memcpy(w->first, b, (size_t)(32 - sh) * 2);
-        _mm512_stream_si512((__m512i *)w->line, _mm512_permutex2var_epi16(v0, w->idx, v1));
-        w->line += 32;
-    } else {
-        _mm512_stream_si512((__m512i *)w->line, _mm512_permutex2var_epi16(w->carry, w->idx, v0));
-        _mm512_stream_si512((__m512i *)(w->line + 32), _mm512_permutex2var_epi16(v0, w->idx, v1));
-        w->line += 64;
-    }
-    w->carry = v1;
-#else
-    uint16_t v[OPK_HBLOCK], buf[32];
-    opk_f2h_contig(v, s, OPK_HBLOCK);
-    if (w->state == 0 && sh) {
-        memcpy(w->first, v, (size_t)(32 - sh) * 2);
-        memcpy(buf, v + 32 - sh, 64);
-        opk_stream_line(w->line, buf);
-        w->line += 32;
-    } else {
-        memcpy(buf, w->carry, (size_t)sh * 2);
-        memcpy(buf + sh, v, (size_t)(32 - sh) * 2);
-        opk_stream_line(w->line, sh ? buf : v);
-        memcpy(buf, v + 32 - sh, 64);
-        opk_stream_line(w->line + 32, buf);
-        w->line += 64;
-    }
-    memcpy(w->carry, v + 64 - sh, (size_t)sh * 2);
-#endif
-    w->state = 1;
-}
-
-/* the run's last line: the carried elements, plainly (the elements after them are the next
- * run's, or the partial block's that follows as it is) */
-OPK_BLOCK_FN void opk_ntw_end(opk_ntw *w)
-{
-    if (w->state == 1 && w->sh) {
-#if OPK_F16_HW && defined(__AVX512BW__)
-        _Alignas(64) uint16_t b[32];
-        _mm512_store_si512((__m512i *)b, _mm512_permutex2var_epi16(w->carry, w->idx, w->carry));
-        memcpy(w->line, b, (size_t)w->sh * 2);
-#else
-        memcpy(w->line, w->carry, (size_t)w->sh * 2);
-#endif
-    }
-    w->state = 2;
-}
-
 /* the last, partial block: d[0 .. OPK_HBLOCK) = s[0 .. w) as floats, then zeros */
 static inline void opk_h2f_block(float *d, const uint16_t *s, Py_ssize_t w)
 {
@@ -449,9 +337,12 @@ static inline void opk_stream_f(float *dst, const float *src, Py_ssize_t n)
 #if OPK_F16_HW && defined(__AVX512F__)
     for (; i < n && ((uintptr_t)(dst + i) & 63); i++) dst[i] = src[i];
     for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
-#elif OPK_F16_HW
-    for (; i < n && ((uintptr_t)(dst + i) & 31); i++) dst[i] = src[i];
-    for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+#elif OPK_F16_HW  /* whole lines too: a line streamed in part goes to memory in part */
+    for (; i < n && ((uintptr_t)(dst + i) & 63); i++) dst[i] = src[i];
+    for (; i + 16 <= n; i += 16) {
+        _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+        _mm256_stream_ps(dst + i + 8, _mm256_loadu_ps(src + i + 8));
+    }
 #endif
     for (; i < n; i++) dst[i] = src[i];
 }
@@ -463,8 +354,11 @@ static inline void opk_stream_d(double *dst, const double *src, Py_ssize_t n)
     for (; i < n && ((uintptr_t)(dst + i) & 63); i++) dst[i] = src[i];
     for (; i + 8 <= n; i += 8) _mm512_stream_pd(dst + i, _mm512_loadu_pd(src + i));
 #elif OPK_F16_HW
-    for (; i < n && ((uintptr_t)(dst + i) & 31); i++) dst[i] = src[i];
-    for (; i + 4 <= n; i += 4) _mm256_stream_pd(dst + i, _mm256_loadu_pd(src + i));
+    for (; i < n && ((uintptr_t)(dst + i) & 63); i++) dst[i] = src[i];
+    for (; i + 8 <= n; i += 8) {
+        _mm256_stream_pd(dst + i, _mm256_loadu_pd(src + i));
+        _mm256_stream_pd(dst + i + 4, _mm256_loadu_pd(src + i + 4));
+    }
 #endif
     for (; i < n; i++) dst[i] = src[i];
 }
@@ -472,6 +366,107 @@ static inline void opk_stream_d(double *dst, const double *src, Py_ssize_t n)
 /* integers stream as the bits they are */
 #define opk_stream_i(dst, src, n) opk_stream_f((float *)(dst), (const float *)(src), (n))
 #define opk_stream_l(dst, src, n) opk_stream_d((double *)(dst), (const double *)(src), (n))
+
+/* A float16 run's results streamed (non-temporal stores) whole lines at a time, wherever the
+ * run starts. NumPy puts a large array's data 16 bytes into a page, so each group of NHWC rows
+ * (opk_walk_rows) and each NCHW row starts and ends inside a line, and a line streamed in part
+ * goes to memory in part (read, merged, written): it measured slower than not streaming at
+ * all. The writer shifts each block's results by the run's offset in its first line (`sh`
+ * elements), carries a block's last `sh` to the line the next one completes, and gives the
+ * run's first and last lines, which it shares with the runs beside it, plain stores.
+ * The blocks must be consecutive: one writer an output, over a run's tiles in order. */
+typedef struct {
+#if OPK_F16_HW && defined(__AVX512BW__)
+    __m512i carry, idx;    /* the last block's second line; the shift as a permutation */
+#else
+    uint16_t carry[32];
+#endif
+    uint16_t *line;        /* the next whole line to stream */
+    uint16_t *first;       /* the run's first element */
+    int sh;                /* the run's offset in its first line, in elements (0 .. 31) */
+    int state;             /* 0: no block yet, 1: blocks stored, 2: ended (or not used) */
+} opk_ntw;
+
+/* a writer for the run starting at d (an even address) */
+OPK_BLOCK_FN void opk_ntw_start(opk_ntw *w, uint16_t *d)
+{
+    const uintptr_t a = (uintptr_t)d;
+    w->sh = (int)((a & 63) >> 1);
+    w->first = d;
+    w->line = (uint16_t *)(a & ~(uintptr_t)63) + (w->sh ? 32 : 0);
+    w->state = 0;
+#if OPK_F16_HW && defined(__AVX512BW__)
+    /* lane i of a line takes element 32 - sh + i of (previous block part, next block part) */
+    w->idx = _mm512_add_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
+                                               19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
+                                               6, 5, 4, 3, 2, 1, 0),
+                              _mm512_set1_epi16((short)(32 - w->sh)));
+    w->carry = _mm512_setzero_si512();
+#endif
+}
+
+/* the next OPK_HBLOCK (64) results, rounded to float16 */
+OPK_BLOCK_FN void opk_ntw_put(opk_ntw *w, const float *s)
+{
+    const int sh = w->sh;
+#if OPK_F16_HW && defined(__AVX512BW__)
+    const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512i v0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(_mm512_loadu_ps(s), r)),
+                                          _mm512_cvtps_ph(_mm512_loadu_ps(s + 16), r), 1);
+    const __m512i v1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(_mm512_loadu_ps(s + 32), r)),
+                                          _mm512_cvtps_ph(_mm512_loadu_ps(s + 48), r), 1);
+    if (sh == 0) {
+        _mm512_stream_si512((__m512i *)w->line, v0);
+        _mm512_stream_si512((__m512i *)(w->line + 32), v1);
+        w->line += 64;
+    } else if (w->state == 0) {
+        _Alignas(64) uint16_t b[32];  /* (a masked store here: 1.6 times slower) */
+        _mm512_store_si512((__m512i *)b, v0);
+        memcpy(w->first, b, (size_t)(32 - sh) * 2);
+        _mm512_stream_si512((__m512i *)w->line, _mm512_permutex2var_epi16(v0, w->idx, v1));
+        w->line += 32;
+    } else {
+        _mm512_stream_si512((__m512i *)w->line, _mm512_permutex2var_epi16(w->carry, w->idx, v0));
+        _mm512_stream_si512((__m512i *)(w->line + 32), _mm512_permutex2var_epi16(v0, w->idx, v1));
+        w->line += 64;
+    }
+    w->carry = v1;
+#else
+    uint16_t v[OPK_HBLOCK], buf[32];
+    opk_f2h_contig(v, s, OPK_HBLOCK);
+    if (w->state == 0 && sh) {
+        memcpy(w->first, v, (size_t)(32 - sh) * 2);
+        memcpy(buf, v + 32 - sh, 64);
+        opk_stream_i(w->line, buf, 16);
+        w->line += 32;
+    } else {
+        memcpy(buf, w->carry, (size_t)sh * 2);
+        memcpy(buf + sh, v, (size_t)(32 - sh) * 2);
+        opk_stream_i(w->line, sh ? buf : v, 16);
+        memcpy(buf, v + 32 - sh, 64);
+        opk_stream_i(w->line + 32, buf, 16);
+        w->line += 64;
+    }
+    memcpy(w->carry, v + 64 - sh, (size_t)sh * 2);
+#endif
+    w->state = 1;
+}
+
+/* the run's last line: the carried elements, plainly (the elements after them are the next
+ * run's, or the partial block's that follows as it is) */
+OPK_BLOCK_FN void opk_ntw_end(opk_ntw *w)
+{
+    if (w->state == 1 && w->sh) {
+#if OPK_F16_HW && defined(__AVX512BW__)
+        _Alignas(64) uint16_t b[32];
+        _mm512_store_si512((__m512i *)b, _mm512_permutex2var_epi16(w->carry, w->idx, w->carry));
+        memcpy(w->line, b, (size_t)w->sh * 2);
+#else
+        memcpy(w->line, w->carry, (size_t)w->sh * 2);
+#endif
+    }
+    w->state = 2;
+}
 
 /* Streamed lines are visible to every thread once the kernel returns: each thread fences once
  * after its share (opk_walk, opk_flat_part), not after every run (a group of NHWC rows is a

@@ -7,6 +7,7 @@ import pytest
 import opkit
 from opkit.lower import Kernel, LibCall
 from opkit.lower.reduce import MAX_SUMS, SUM_CHUNK
+from opkit.target import runs_here
 
 from conftest import write_op
 
@@ -224,27 +225,32 @@ def test_vectorized_sums_add_the_same_numbers_as_the_portable_build(layout, c, d
     np.testing.assert_allclose(results[0][0], g, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("isa", ["native", "x86-64-v3"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_float32_runs_stream_into_given_memory(layout):
+def test_float32_runs_stream_into_given_memory(layout, isa):
     """A large float32 call into given memory streams each run, an NCHW row or a group of NHWC
     rows, whole lines from its first aligned one, the lines it shares with the runs beside it
     stored plainly. dx, dbias and y are bitwise those of the same call into fresh arrays (which
     does not stream), wherever the given memory starts, on one thread and two; and dx and dbias
-    are NumPy's float64 gradient within float32's rounding."""
+    are NumPy's float64 gradient within float32's rounding. The x86-64-v3 build (AVX2) streams
+    whole lines too, two 32-byte stores each."""
+    if not runs_here(isa):
+        pytest.skip(f"this CPU does not run {isa} builds")
     op = opkit.get("fused_bias_leaky_relu")
     shape = (1, 64, 180, 190) if layout == "NCHW" else (1, 180, 190, 64)  # 2.19M: calls stream
     rng = np.random.default_rng(11)
     x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
     b = rng.standard_normal(64).astype(np.float32)
-    dx0, db0 = op.backward(dy, x, b, layout=layout)
-    y0 = op(x, b, layout=layout)
+    with opkit.config(isa=isa):
+        dx0, db0 = op.backward(dy, x, b, layout=layout)
+        y0 = op(x, b, layout=layout)
     g, gb = _fused_bias_reference(x, b, dy, layout)
     np.testing.assert_allclose(dx0, g, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(db0, gb, rtol=1e-5, atol=1e-4)
     for threads in (1, 2):
         for k in (0, 1, 5):   # dx 0, 4 and 20 bytes past NumPy's usual start
             dx, db, y = _offset(x, k), np.empty_like(b), _offset(x, k + 3)
-            with opkit.config(num_threads=threads):
+            with opkit.config(isa=isa, num_threads=threads):
                 op.backward(dy, x, b, layout=layout, out=(dx, db))
                 op(x, b, layout=layout, out=y)
             assert np.array_equal(dx, dx0) and np.array_equal(db, db0), (threads, k)
