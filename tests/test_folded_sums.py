@@ -257,6 +257,35 @@ def test_float32_runs_stream_into_given_memory(layout, isa):
             assert np.array_equal(y, y0), (threads, k)
 
 
+@pytest.mark.parametrize("isa", ["native", "x86-64-v3"])
+@pytest.mark.parametrize("c", [64, 600])
+def test_rows_with_sums_stream_from_their_batches(c, isa):
+    """A large float32 call whose rows take a per-row value as a scalar and fold a sum (a
+    per-pixel slope over NHWC's channels) computes each batch of rows into a buffer and
+    streams the gradient from it. dx and the map's gradient are bitwise those of the call into
+    fresh arrays (which does not stream), wherever the given memory starts, on one thread and
+    two, and within float32's rounding of NumPy's float64 gradient."""
+    if not runs_here(isa):
+        pytest.skip(f"this CPU does not run {isa} builds")
+    op = opkit.get("spatial_leaky_relu")
+    shape = (1, 180, 190, 64) if c == 64 else (1, 60, 61, 600)       # over 2M: calls stream
+    rng = np.random.default_rng(c)
+    x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    amap = rng.uniform(0.1, 0.3, shape[:3] + (1,)).astype(np.float32)
+    with opkit.config(isa=isa):
+        dx0, da0 = op.backward(dy, x, amap, layout="NHWC")
+    xd, ad, dyd = (a.astype(np.float64) for a in (x, amap, dy))
+    np.testing.assert_allclose(dx0, np.where(xd > 0, dyd, ad * dyd), rtol=1e-6, atol=1e-6)
+    expected = np.where(xd > 0, 0.0, dyd * xd).sum(axis=3, keepdims=True)
+    np.testing.assert_allclose(da0, expected, rtol=1e-5, atol=1e-5 * np.sqrt(c))
+    for threads in (1, 2):
+        for k in (0, 1, 5):
+            dx, da = _offset(x, k), _offset(amap, k + 2)
+            with opkit.config(isa=isa, num_threads=threads):
+                op.backward(dy, x, amap, layout="NHWC", out=(dx, da))
+            assert np.array_equal(dx, dx0) and np.array_equal(da, da0), (threads, k)
+
+
 def test_sums_of_different_sizes_in_one_kernel(tmp_path):
     """Each folded sum's partials move on by their own chunk stride: a sum over C and one over H
     of the same terms fold into one kernel, and both are right."""
