@@ -127,6 +127,24 @@ def test_cli_build_list_show_validate_clean(tmp_path, capsys, monkeypatch):
     assert not any(p.name.startswith("clipped_elu-") for p in (tmp_path / "cache").iterdir())
 
 
+def test_build_starts_the_largest_sources_first():
+    """`opkit build` hands the compiles to its workers largest generated source first (the
+    bundled convolutions before leaky_relu); an operator whose source cannot be generated goes
+    last, where its build reports why."""
+    from opkit.cli import _longest_first
+
+    class Broken:
+        def source(self):
+            raise ValueError("no source")
+
+    ops = [opkit.get(n) for n in ("leaky_relu", "conv2d_bn_train_leaky_relu", "spatial_leaky_relu")]
+    broken = Broken()
+    order = _longest_first(ops + [broken])
+    sizes = [len(op.source()) for op in order[:-1]]
+    assert sizes == sorted(sizes, reverse=True) and order[-1] is broken
+    assert order[0].name == "conv2d_bn_train_leaky_relu"
+
+
 def test_cli_errors_are_one_line_reasons(tmp_path, capsys):
     assert main(["show", "no_such_op"]) == 1
     err = capsys.readouterr().err
