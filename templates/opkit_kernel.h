@@ -470,7 +470,7 @@ OPK_BLOCK_FN void opk_ntw_end(opk_ntw *w)
 
 /* Streamed lines are visible to every thread once the kernel returns: each thread fences once
  * after its share (opk_walk, opk_flat_part), not after every run (a group of NHWC rows is a
- * run of 2048 elements, and a fence waits for the write-combining buffers to drain). */
+ * run of up to OPK_GROUP elements, and a fence waits for the write-combining buffers to drain). */
 static inline void opk_fence(void)
 {
 #if OPK_F16_HW
