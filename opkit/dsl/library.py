@@ -7,6 +7,7 @@ by the reference in float64), a dims rule and a derivative rule next to it. Argu
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
@@ -275,28 +276,32 @@ def resample(x: np.ndarray, axis: int, n_out: int, nyquist: float, scale: float)
     Longer output: the spectrum is zero-padded (the input's Nyquist bin, for an even length,
     times `nyquist`: 0.5 splits it between +N/2 and -N/2). Shorter output: the spectrum is cut
     (the output's Nyquist bin takes `nyquist` times the real part of that bin: 2 sums the two
-    halves). Then the inverse DFT, times `scale`."""
+    halves). Then the inverse DFT, times `scale`.
+
+    Both happen in place or inside the transforms: the Nyquist bin is scaled where the forward
+    transform left it, the inverse transform pads or cuts the spectrum itself, and `scale` rides
+    on the transforms' normalisation where it is theirs (`scale` = n_out / n_in, upsampling and
+    downsampling, is 1/n_in on the forward transform), so no pass over memory is spent on them."""
     n_in = x.shape[axis]
     if n_in == n_out or x.size == 0:
         shape = list(x.shape)
         shape[axis] = n_out
         return (x * scale).reshape(shape) if n_in == n_out else np.zeros(shape, x.dtype)
     fft, kw = _fft()
-    spec = fft.rfft(x, axis=axis, **kw)
+    forward = math.isclose(scale * n_in, n_out, rel_tol=1e-12)
+    norm = "forward" if forward else "backward"
+    rest = 1.0 if forward else scale
+    spec = fft.rfft(x, axis=axis, norm=norm, **kw)
     short = min(n_in, n_out)
-    shape = list(spec.shape)
-    shape[axis] = n_out // 2 + 1
-    out = np.zeros(shape, dtype=spec.dtype)
-    keep = [slice(None)] * x.ndim
-    keep[axis] = slice(0, short // 2 + 1)
-    out[tuple(keep)] = spec[tuple(keep)]
-    if short % 2 == 0:
+    if short % 2 == 0 and nyquist != 1.0:
         nyq = [slice(None)] * x.ndim
         nyq[axis] = short // 2
         nyq = tuple(nyq)
-        out[nyq] = (spec[nyq] if n_out > n_in else spec[nyq].real) * nyquist
-    result = fft.irfft(out, n=n_out, axis=axis, **kw)
-    return (result * scale).astype(x.dtype, copy=False)
+        spec[nyq] = (spec[nyq] if n_out > n_in else spec[nyq].real) * nyquist
+    result = fft.irfft(spec, n=n_out, axis=axis, norm=norm, **kw)
+    if rest != 1.0:
+        result *= rest
+    return result.astype(x.dtype, copy=False)
 
 
 # kind -> (length factor, Nyquist factor, scale as a function of up); see resample()
