@@ -9,6 +9,7 @@
 #define OPKIT_KERNEL_H
 
 #include <stdint.h>
+#include <stddef.h>
 #include <string.h>
 #include <Python.h>
 
@@ -39,10 +40,11 @@ typedef int64_t *__restrict opk_lp;
 typedef const int64_t *__restrict opk_clp;
 
 /* The storage dtype codes (OPK_F16 ...) and OPK_MAXOPS come from opkit itself: the generated
- * module defines them (opkit/codegen/render.py: DTYPE_CODES, MAX_OPERANDS) before this header. */
+ * module and the runtime's source define them (opkit/codegen/render.py: header_defines) before
+ * this header. */
 #if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK) || \
     !defined(OPK_LANE_BYTES)
-#error "opkit_kernel.h is included by opkit's generated modules, which define the dtype codes"
+#error "opkit_kernel.h is included by opkit's generated modules and its runtime source, which define the dtype codes"
 #endif
 
 /* the fixed-point product x * m / 2**bits, rounded to nearest with ties toward +inf: an integer
@@ -870,6 +872,55 @@ enum { OPK_G_NDIM, OPK_G_NOPS, OPK_G_NOUT, OPK_G_TDIM, OPK_G_CCODE, OPK_G_SHAPE 
 
 static inline Py_ssize_t opk_cdiv(Py_ssize_t a, Py_ssize_t b) { return (a + b - 1) / b; }
 
+/* A sum the walk adds whole runs into is kept as lanes: eight float64 lanes, element p going
+ * to lane p % 8, each adding its elements in the walk's order. On float16 (and bfloat16) data,
+ * whose own rounding is 2^13 times coarser, a float32 kernel first adds the elements of each
+ * block of OPK_FBLOCK positions (aligned to the walk's start) into sixteen float32 lanes
+ * (element p to lane p % 16, eight terms each), then float lane l and l + 8 into float64 lane
+ * l: a quarter of the float64 work, and the same numbers however the walk is cut (the block
+ * being added is kept with its number; blocks never straddle a chunk). */
+#define OPK_FBLOCK 128
+typedef struct {
+    double s[8];     /* the float64 lanes */
+    float f[16];     /* the float32 lanes of block `block` */
+    int64_t block;
+    int64_t unused[7];
+} opk_lanes;
+_Static_assert(sizeof(opk_lanes) == OPK_LANE_BYTES, "opk_lanes: OPK_LANE_BYTES (opkit/lower/reduce.py)");
+
+/* Column sums on float16 (and bfloat16) data: where every row of a run adds into the same
+ * sums (a per-channel sum over NHWC's pixels, say), each column adds its terms in float32 over
+ * blocks of OPK_FROWS rows, counted from the run's first row, then the block into its float64
+ * sum: a conversion and a float64 add per block of a column instead of per element, as the
+ * lanes add blocks (opk_lanes). The block being added is kept here from tile to tile, so the
+ * sums do not depend on where the run is cut into tiles (the streaming head, the tile length
+ * of the build); runs are the same for any number of threads. */
+#define OPK_FROWS 8
+#define OPK_FCOLS 512   /* the longest rows kept so (a group of rows has four or more) */
+typedef struct {
+    float f[OPK_FCOLS];   /* the block's float32 sums, column by column */
+    Py_ssize_t rows;      /* whole rows in it */
+} opk_cols;
+
+/* The runtime: the walk over a geometry and everything it calls. It takes the kernel's tile
+ * functions through opk_kernel and no module's code, so it is compiled once per toolchain, with
+ * OPK_RUNTIME defined (opkit/builder/runtime.py), into an object every module links; a module
+ * sees only the entry points it calls. */
+#if defined(__GNUC__)
+#define OPK_RT_FN __attribute__((visibility("hidden")))
+#else
+#define OPK_RT_FN
+#endif
+OPK_RT_FN int opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
+                       const opk_kernel *k);
+OPK_RT_FN int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *kernel, int available,
+                      Py_ssize_t threshold, int max_threads);
+OPK_RT_FN int opk_run_flat(Py_ssize_t n, char **ptr, const Py_ssize_t *step, const int *code,
+                           const opk_kernel *kernel, int available, Py_ssize_t threshold,
+                           int max_threads);
+
+#ifdef OPK_RUNTIME
+
 static inline Py_ssize_t opk_units(const Py_ssize_t *g)
 {
     const Py_ssize_t nd = g[OPK_G_NDIM], td = g[OPK_G_TDIM];
@@ -888,22 +939,6 @@ static inline void opk_stream_c(int ccode, char *dst, const char *src, Py_ssize_
     if (OPK_CSIZE(ccode) == 8) opk_stream_d((double *)dst, (const double *)src, n);
     else opk_stream_f((float *)dst, (const float *)src, n);
 }
-
-/* A sum the walk adds whole runs into is kept as lanes: eight float64 lanes, element p going
- * to lane p % 8, each adding its elements in the walk's order. On float16 (and bfloat16) data,
- * whose own rounding is 2^13 times coarser, a float32 kernel first adds the elements of each
- * block of OPK_FBLOCK positions (aligned to the walk's start) into sixteen float32 lanes
- * (element p to lane p % 16, eight terms each), then float lane l and l + 8 into float64 lane
- * l: a quarter of the float64 work, and the same numbers however the walk is cut (the block
- * being added is kept with its number; blocks never straddle a chunk). */
-#define OPK_FBLOCK 128
-typedef struct {
-    double s[8];     /* the float64 lanes */
-    float f[16];     /* the float32 lanes of block `block` */
-    int64_t block;
-    int64_t unused[7];
-} opk_lanes;
-_Static_assert(sizeof(opk_lanes) == OPK_LANE_BYTES, "opk_lanes: OPK_LANE_BYTES (opkit/lower/reduce.py)");
 
 /* the float32 lanes added into the float64 lanes (lane l, then l + 8), and cleared */
 static inline void opk_lanes_flush(opk_lanes *L)
@@ -1069,20 +1104,6 @@ static inline void opk_accum_cols_f(double *acc, const float *v, Py_ssize_t inne
     for (Py_ssize_t q = 0; q < rows; q++)
         for (Py_ssize_t j = c; j < inner; j++) acc[j] += (double)v[q * inner + j];
 }
-
-/* Column sums on float16 (and bfloat16) data: where every row of a run adds into the same
- * sums (a per-channel sum over NHWC's pixels, say), each column adds its terms in float32 over
- * blocks of OPK_FROWS rows, counted from the run's first row, then the block into its float64
- * sum: a conversion and a float64 add per block of a column instead of per element, as the
- * lanes add blocks (opk_lanes). The block being added is kept here from tile to tile, so the
- * sums do not depend on where the run is cut into tiles (the streaming head, the tile length
- * of the build); runs are the same for any number of threads. */
-#define OPK_FROWS 8
-#define OPK_FCOLS 512   /* the longest rows kept so (a group of rows has four or more) */
-typedef struct {
-    float f[OPK_FCOLS];   /* the block's float32 sums, column by column */
-    Py_ssize_t rows;      /* whole rows in it */
-} opk_cols;
 
 /* the sums of a run kept as column blocks (bit a), each zeroed */
 static inline int opk_cols_start(const opk_kernel *k, opk_cols *cols, int ccode,
@@ -1912,7 +1933,7 @@ static int opk_walk_blocks(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *
 /* Run a kernel over work units [start, stop) (elements, or blocks when transposing); -1 when
  * memory for its buffers cannot be had. Threads call this on disjoint ranges, so each element is
  * computed exactly once and the result does not depend on the number of threads. */
-static int opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
+OPK_RT_FN int opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, char **base,
                     const opk_kernel *k)
 {
     _Alignas(64) char stack[OPK_STACK_SCRATCH];
@@ -2119,7 +2140,7 @@ static inline opk_kernel opk_for_call(const opk_kernel *k, Py_ssize_t total)
 }
 
 /* A kernel over a geometry, split statically over threads; -1: out of memory. */
-static int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *kernel, int available,
+OPK_RT_FN int opk_run(const Py_ssize_t *g, char **base, const opk_kernel *kernel, int available,
                    Py_ssize_t threshold, int max_threads)
 {
     const Py_ssize_t units = opk_units(g), nd = g[OPK_G_NDIM];
@@ -2152,7 +2173,7 @@ static int opk_flat_part(Py_ssize_t s, Py_ssize_t e, char **ptr, const Py_ssize_
 
 /* The direct call: n elements of contiguous operands (step bytes apart, storage codes code);
  * a small call never opens a parallel region. */
-static int opk_run_flat(Py_ssize_t n, char **ptr, const Py_ssize_t *step, const int *code,
+OPK_RT_FN int opk_run_flat(Py_ssize_t n, char **ptr, const Py_ssize_t *step, const int *code,
                         const opk_kernel *kernel, int available, Py_ssize_t threshold, int max_threads)
 {
     const opk_kernel call = opk_for_call(kernel, n), *k = &call;
@@ -2165,4 +2186,5 @@ static int opk_run_flat(Py_ssize_t n, char **ptr, const Py_ssize_t *step, const 
     return failed ? -1 : 0;
 }
 
+#endif /* OPK_RUNTIME */
 #endif /* OPKIT_KERNEL_H */

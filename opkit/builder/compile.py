@@ -192,7 +192,9 @@ def _compile(name: str, keys: Tuple[str, str, str], entry: Path, source: str, tc
         log += ["$ " + " ".join(cy_cmd), r.stdout, r.stderr]
         if r.returncode != 0:
             raise BuildError(_explain("Cython", r, source, None))
-        cc_cmd = tc.compile_command(c_file.name, so.name, report.name)
+        from .runtime import runtime_object
+        cc_cmd = tc.compile_command(c_file.name, so.name, report.name,
+                                    objects=[runtime_object(tc, timeout)])
         r = _run(cc_cmd, work, timeout)
         log += ["$ " + " ".join(cc_cmd), r.stdout, r.stderr]
         if r.returncode != 0:

@@ -61,14 +61,21 @@ class Toolchain:
         """Everything besides the source that changes the compiled module."""
         return dict(self.content_material(), cc=list(self.cc), cc_version=self.version)
 
-    def compile_command(self, c_file: str, so_file: str, report: str) -> list:
+    def compile_command(self, c_file: str, so_file: str, report: str, objects=()) -> list:
+        """The module `so_file` from `c_file`, linked with `objects` (the kernel runtime)."""
         self.require()
         cmd = list(self.cc) + list(self.cflags) + [f"-I{i}" for i in self.includes]
         if self.family == "gcc":
             cmd.append(f"-fopt-info-vec-all={report}")
         elif self.family == "clang":
             cmd += ["-Rpass=loop-vectorize", "-Rpass-missed=loop-vectorize"]
-        return cmd + [c_file, "-o", so_file]
+        return cmd + [c_file, *[str(o) for o in objects], "-o", so_file]
+
+    def object_command(self, c_file: str, o_file: str) -> list:
+        """An object file for the modules to link: the same flags, compiled only."""
+        self.require()
+        flags = [f for f in self.cflags if f != "-shared"]
+        return list(self.cc) + flags + [f"-I{i}" for i in self.includes] + ["-c", c_file, "-o", o_file]
 
     def describe(self) -> str:
         return f"{self.version or 'no compiler'}; {' '.join(self.cflags)}"

@@ -532,9 +532,22 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
              for f in fused_contexts(low, kernels)] if lib is not None else []
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
-        directs=directs, codes={CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()},
-        max_operands=MAX_OPERANDS, max_sums=MAX_SUMS, sum_chunk=SUM_CHUNK, lane_bytes=LANE_BYTES, fused=fused,
+        directs=directs, defines=header_defines(), fused=fused,
         blas=_printable(lib.describe()) if lib is not None else "")
+
+
+def header_defines() -> List[str]:
+    """The constants templates/opkit_kernel.h takes from opkit, as C #define lines: the same in
+    every module and in the runtime they link."""
+    consts = dict({CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()}, OPK_MAXOPS=MAX_OPERANDS,
+                  OPK_MAXACC=MAX_SUMS, OPK_ACC_CHUNK=SUM_CHUNK, OPK_LANE_BYTES=LANE_BYTES)
+    return [f"#define {name} {value}" for name, value in consts.items()]
+
+
+def runtime_source() -> str:
+    """The C source of the kernel runtime (templates/opkit_kernel.h with OPK_RUNTIME)."""
+    return "\n".join([f"/* opkit {__version__}: the kernel runtime every module links */",
+                      *header_defines(), "#define OPK_RUNTIME 1", '#include "opkit_kernel.h"', ""])
 
 
 # ------------------------------------------------------------------------------ fused calls
