@@ -266,3 +266,17 @@ def test_a_runtime_that_does_not_compile_is_reported(own_cache, tmp_path, monkey
     assert "the runtime is broken" in str(err.value)
     assert _runtimes(own_cache) == [] and entries(own_cache) == []
     assert not [p for p in own_cache.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_damaged_runtime_object_is_compiled_again(own_cache, tmp_path):
+    """The runtime object is checked against the size and sha256 recorded when it was built,
+    as a module is: a damaged one is never linked, it is compiled again."""
+    make_op(write_op(tmp_path / "a", TWICE)).build(isa="portable")
+    runtime, = _runtimes(own_cache)
+    obj = own_cache / runtime / "opk_runtime.o"
+    good = obj.read_bytes()
+    obj.write_bytes(good[: len(good) // 2])
+    thrice = make_op(write_op(tmp_path / "b", TWICE.replace("twice", "thrice").replace("x * 2", "x * 3")))
+    thrice.build(isa="portable")
+    assert obj.read_bytes() == good
+    np.testing.assert_array_equal(thrice(np.arange(5.0)), np.arange(5.0) * 3)
