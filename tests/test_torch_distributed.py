@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 TRAIN = textwrap.dedent("""\
-    import json, os, sys
+    import faulthandler, json, os, sys
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -44,6 +44,7 @@ TRAIN = textwrap.dedent("""\
         return torch.cat([p.detach().flatten() for p in net.parameters()])
 
     if __name__ == "__main__":
+        faulthandler.enable()   # a crash prints where each thread was
         out, steps = sys.argv[1], int(sys.argv[2])
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -56,6 +57,11 @@ TRAIN = textwrap.dedent("""\
             json.dump({"world": world, "params": params.tolist(),
                        "spread": max(float((p - params).abs().max()) for p in everyone)}, fh)
         dist.destroy_process_group()
+        print(f"rank {rank} finished", flush=True)
+        # Leave without the interpreter's teardown, where libtorch's threads were once seen to
+        # abort both ranks ("terminate called without an active exception"); the line above
+        # shows that each rank got here.
+        os._exit(0)
     """)
 
 # A compiler wrapper: it logs each module it links and holds the link until a second process
@@ -96,6 +102,7 @@ def test_ddp_on_two_processes_shares_one_kernel_cache(tmp_path):
            str(tmp_path / "train.py"), str(tmp_path), str(steps)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert all(f"rank {k} finished" in r.stdout for k in range(2)), r.stdout[-3000:]
 
     ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     assert all(rk["world"] == 2 for rk in ranks)
