@@ -673,10 +673,15 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
     fns = {"opkit": fn, "copy": lambda: np.copyto(dst, main),
            "numpy": (lambda: evaluate(graph, values, bound.attrs, dtype=np.dtype(dtype))) if numpy else None}
     fns["torch"] = _torch_column(op, pass_, bound, attrs, dys, grads, layout)
-    t = timed(fns, repeat, budget=budget)
+    rounds: Dict[str, List[float]] = {}
+    t = timed(fns, repeat, budget=budget, rounds=rounds)
     # the copy moves one input's bytes twice (read, write); scale it to this call's traffic
     t["copy"] *= nbytes / (2 * main.nbytes)
-    return Row(f"{name} {pass_} {layout} {_size_text(size)}", name, pass_, dtype, shape, nbytes, t)
+    rounds["copy"] = [c * nbytes / (2 * main.nbytes) for c in rounds["copy"]]
+    # (the rounds are kept: "vs copy" and "x torch" are medians of round-by-round ratios, so a
+    # burst of load on the machine that slows both sides of one round cancels out)
+    return Row(f"{name} {pass_} {layout} {_size_text(size)}", name, pass_, dtype, shape, nbytes, t,
+               rounds)
 
 
 def _torch_column(op, pass_, bound, attrs, dys, grads, layout):

@@ -121,3 +121,15 @@ def test_all_goes_on_past_a_refused_case_and_predicts_numpys_time(monkeypatch):
     assert "numpy" in rows[0].seconds and "numpy" not in rows[1].seconds
     assert any(n.startswith("leaky_relu forward ND 8K float32: NumPy's column left out") for n in notes)
     assert "leaky_relu forward NHWC 4K float32: skipped: no NHWC today" in notes
+
+
+def test_a_generic_row_compares_round_by_round():
+    """The generic rows keep their rounds: "vs copy" is the median of each round's ratio (a burst
+    of load that slows both sides of one round cancels), the copy's rounds scaled like its
+    median to this call's traffic."""
+    row = bench._generic_row("fused_bias_leaky_relu", "NHWC", 4096, "float32", "backward", 7,
+                             np.random.default_rng(0), budget=None)
+    opk, copy = row.rounds["opkit"], row.rounds["copy"]
+    assert len(opk) == len(copy) == 7
+    assert row.seconds["copy"] == pytest.approx(float(np.median(copy)))
+    assert row.ratio("copy") == pytest.approx(float(np.median(np.array(copy) / np.array(opk))))
