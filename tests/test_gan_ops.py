@@ -723,6 +723,56 @@ def test_freq_nan_spreads_over_its_image_only(freq):
     assert np.isnan(y1).sum() == 1 and np.isnan(y1[1, 2, 3, 1])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids_dtype)
+def test_freq_in_slices_matches_the_reference(freq, monkeypatch, dtype, layout, threads):
+    """A large call runs in slices along N (or C where N is short), a thread each: every slice
+    writes its own part of the outputs, broadcast operands stay whole, and the result is the
+    whole call's. Slices are forced here on small inputs."""
+    from opkit.runtime import execute
+    monkeypatch.setattr(execute, "SLICE_BYTES", 64)
+    sliced = []
+    real = execute.Executor._run_sliced
+
+    def spy(self, split, *args, **kw):
+        sliced.append(split)
+        return real(self, split, *args, **kw)
+    monkeypatch.setattr(execute.Executor, "_run_sliced", spy)
+    rng = np.random.default_rng(23)
+    with opkit.config(num_threads=threads):
+        for dims, attrs in (((5, 3, 6, 4), {}), ((1, 7, 4, 5), {"up": 3, "alpha": 0.1, "gain": 1.3})):
+            shape = physical(dims, layout)
+            x = rng.uniform(-2, 2, shape).astype(dtype)
+            dy = rng.uniform(-1, 1, shape).astype(dtype)
+            what = f"{dims} {attrs} {threads} threads"
+            out = np.full(shape, np.nan, dtype)
+            y = freq(x, layout=layout, out=out, **attrs)
+            assert y is out
+            assert_close(y, freq_ref(x, layout=layout, **attrs), dtype, what, FREQ_TOL)
+            dx, = freq.backward(dy, x, layout=layout, **attrs)
+            assert_close(dx, freq_grad_ref(dy, x, layout=layout, **attrs)[0], dtype, what + " dx",
+                         FREQ_TOL)
+            # dy broadcast along N and C (stride 0): each slice reads its part of the view
+            row = np.broadcast_to(dy[:1, :1] if layout == "NCHW" else dy[:1, :, :, :1], shape)
+            dx, = freq.backward(row, x, layout=layout, **attrs)
+            assert_close(dx, freq_grad_ref(np.ascontiguousarray(row), x, layout=layout, **attrs)[0],
+                         dtype, what + " dx, broadcast dy", FREQ_TOL)
+            # dy of size one along every dim: each slice reads all of it
+            ones = np.ones((1, 1, 1, 1), dtype)
+            assert_close(freq.backward(ones, x, layout=layout, **attrs)[0],
+                         freq_grad_ref(np.ones(shape), x, layout=layout, **attrs)[0], dtype,
+                         what + " dx, dy of size one", FREQ_TOL)
+            # in place: each slice reads and writes its own part of x
+            y = freq(x.copy(), layout=layout, **attrs)
+            xi = x.copy()
+            freq(xi, layout=layout, out=xi, **attrs)
+            np.testing.assert_array_equal(xi, y)
+    # N = 5 along N, N = 1 along C: each of the six calls (three forward, three backward) in slices
+    assert [d for d, _ in sliced] == ["N"] * 6 + ["C"] * 6, sliced
+    assert all(step * 2 * threads <= (5 if d == "N" else 7) for d, step in sliced)
+
+
 def test_freq_empty_inputs(freq):
     for shape in ((0, 3, 4, 4), (2, 3, 0, 4), (2, 0, 4, 4)):
         x = np.zeros(shape)

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..codegen import DTYPE_CODES, TAG_CODES, instance_tag
-from ..config import get as setting
+from ..config import config, get as setting
 from ..dsl import named
 from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
@@ -152,6 +155,25 @@ class _State:
     final: Dict[Value, Array]          # outputs later steps read in the compute type instead
 
 
+# input bytes per slice of a resampling plan (see Executor._split): its intermediates, the
+# signal upsampled and spectra, stay within a 2 MB L2
+SLICE_BYTES = 1 << 20
+
+
+def _batch_dims(plan: Plan) -> Tuple[str, ...]:
+    """The dims (of N, C) a plan that resamples (fourier) treats one slice at a time: none of its
+    transforms runs along them and nothing but a sum_to (checked per call) reduces. Empty for
+    every other plan."""
+    along = set()
+    for s in plan.steps:
+        if isinstance(s, LibCall) and s.prim == "fourier":
+            along.add(s.params[0])
+        elif not (isinstance(s, Kernel) and not s.sums
+                  or isinstance(s, LibCall) and s.prim == "sum_to"):
+            return ()
+    return tuple(d for d in ("N", "C") if along and d not in along)
+
+
 class Executor:
     """A plan plus what the runtime precomputes about it once."""
 
@@ -182,6 +204,7 @@ class Executor:
                         self.folded.setdefault(c.args[0], []).append(c)
         # outputs that steps after the one writing them read (a batch mean the normalization uses)
         self.reread = {v for v, readers in self.readers.items() if v.kind is Kind.OUTPUT}
+        self.batch_dims = _batch_dims(plan)
 
     def run(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
             out_dtypes: Dict[Value, np.dtype], like: Dict[Value, Array],
@@ -189,6 +212,74 @@ class Executor:
         """`out_arrays`: caller-given outputs; `like`: (array, names) each output takes its layout
         from; `clip`: clamp every result to [-clip, clip] (backward: gradient clipping), inside
         the kernel that writes it when nothing reduces it afterwards."""
+        split = self._split(bound, like)
+        if split is not None:
+            return self._run_sliced(split, bound, module, out_arrays, out_dtypes, like, clip)
+        return self._run_whole(bound, module, out_arrays, out_dtypes, like, clip)
+
+    def _split(self, bound: Bound, like: Dict[Value, Array]) -> Optional[Tuple[str, int]]:
+        """(dim, slice length) to run a resampling plan in slices of, or None for one run.
+
+        A DFT resampling's intermediates (four times the input for up=2, and their spectra)
+        outgrow the caches, and every pass of the transforms then goes to memory. Slices of about
+        SLICE_BYTES of input keep them in L2, one slice per thread, each transform on one thread."""
+        if not self.batch_dims:
+            return None
+        biggest = max((arr.nbytes for arr, _ in bound.values.values()), default=0)
+        if biggest < 4 * SLICE_BYTES:
+            return None
+        threads = max(1, setting("num_threads"))
+        for d in self.batch_dims:
+            n = bound.sizes.get(d, 1)
+            if n < 2 * threads or not self._sliceable(d, n, bound, like):
+                continue
+            return d, max(1, min(n // (2 * threads), int(SLICE_BYTES * n // biggest)))
+        return None
+
+    def _sliceable(self, d: str, n: int, bound: Bound, like: Dict[Value, Array]) -> bool:
+        """Whether every output and every sum_to's target runs the whole length n along d."""
+        arrays = [like[vid] for _, vid in self.plan.outputs]
+        arrays += [bound.values[s.params[0]] for s in self.plan.steps
+                   if isinstance(s, LibCall) and s.prim == "sum_to"]
+        return all(d in names and arr.shape[names.index(d)] == n for arr, names in arrays)
+
+    def _run_sliced(self, split: Tuple[str, int], bound: Bound, module, out_arrays, out_dtypes,
+                    like, clip) -> Dict[str, np.ndarray]:
+        """The plan run on slices along one dim, on a thread each (each slice on one thread):
+        into the whole outputs, allocated first."""
+        d, step = split
+        outs = dict(out_arrays)
+        for _, vid in self.plan.outputs:
+            if vid not in outs:
+                outs[vid] = self._allocate(like[vid], out_dtypes[vid])[0]
+
+        def cut(arr: np.ndarray, names, lo: int) -> np.ndarray:
+            if d not in names or arr.shape[names.index(d)] == 1:  # (broadcast along d)
+                return arr
+            index = [slice(None)] * arr.ndim
+            index[names.index(d)] = slice(lo, lo + step)
+            return arr[tuple(index)]
+
+        def one(lo: int) -> None:
+            n = min(step, bound.sizes[d] - lo)
+            part = dataclasses.replace(
+                bound, values={k: (cut(a, nm, lo), nm) for k, (a, nm) in bound.values.items()},
+                sizes={**bound.sizes, d: n})
+            part_like = {vid: (cut(a, nm, lo), nm) for vid, (a, nm) in like.items()}
+            part_outs = {vid: cut(arr, like[vid][1], lo) for vid, arr in outs.items()}
+            with config(num_threads=1):
+                self._run_whole(part, module, part_outs, out_dtypes, part_like, clip)
+
+        threads = max(1, setting("num_threads"))
+        starts = range(0, bound.sizes[d], step)
+        with ThreadPoolExecutor(threads) as pool:
+            # each slice in a copy of the caller's settings (a thread starts with the defaults)
+            list(pool.map(lambda lo: contextvars.copy_context().run(one, lo), starts))
+        return {name: outs[vid] for name, vid in self.plan.outputs}
+
+    def _run_whole(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
+                   out_dtypes: Dict[Value, np.dtype], like: Dict[Value, Array],
+                   clip: Optional[float] = None) -> Dict[str, np.ndarray]:
         values = self.values
         env: Dict[Value, Array] = {values[n]: v for n, v in bound.values.items()}
         results: Dict[str, np.ndarray] = {}
