@@ -730,6 +730,7 @@ def test_freq_in_slices_matches_the_reference(freq, monkeypatch, dtype, layout, 
     """A large call runs in slices along N (or C where N is short), a thread each: every slice
     writes its own part of the outputs, broadcast operands stay whole, and the result is the
     whole call's. Slices are forced here on small inputs."""
+    from opkit.config import get as setting
     from opkit.runtime import execute
     monkeypatch.setattr(execute, "SLICE_BYTES", 64)
     sliced = []
@@ -739,6 +740,13 @@ def test_freq_in_slices_matches_the_reference(freq, monkeypatch, dtype, layout, 
         sliced.append(split)
         return real(self, split, *args, **kw)
     monkeypatch.setattr(execute.Executor, "_run_sliced", spy)
+    seen = []   # the settings each run of the plan (a slice) sees
+    whole = execute.Executor._run_whole
+
+    def settings(self, *args, **kw):
+        seen.append((setting("num_threads"), setting("alpha_quant")))
+        return whole(self, *args, **kw)
+    monkeypatch.setattr(execute.Executor, "_run_whole", settings)
     rng = np.random.default_rng(23)
     with opkit.config(num_threads=threads):
         for dims, attrs in (((5, 3, 6, 4), {}), ((1, 7, 4, 5), {"up": 3, "alpha": 0.1, "gain": 1.3})):
@@ -771,6 +779,12 @@ def test_freq_in_slices_matches_the_reference(freq, monkeypatch, dtype, layout, 
     # N = 5 along N, N = 1 along C: each of the six calls (three forward, three backward) in slices
     assert [d for d, _ in sliced] == ["N"] * 6 + ["C"] * 6, sliced
     assert all(step * 2 * threads <= (5 if d == "N" else 7) for d, step in sliced)
+    # one thread inside each slice; every other setting is the caller's
+    assert seen and all(s == (1, False) for s in seen)
+    seen.clear()
+    with opkit.config(num_threads=threads, alpha_quant=True):
+        freq(np.ones((4, 2, 4, 4)))
+    assert seen and all(s == (1, True) for s in seen)
 
 
 def test_freq_empty_inputs(freq):

@@ -272,9 +272,11 @@ class Executor:
 
         threads = max(1, setting("num_threads"))
         starts = range(0, bound.sizes[d], step)
+        # each slice in a copy of the caller's settings (isa, ...), taken here: a pool thread
+        # starts with the defaults
+        contexts = [contextvars.copy_context() for _ in starts]
         with ThreadPoolExecutor(threads) as pool:
-            # each slice in a copy of the caller's settings (a thread starts with the defaults)
-            list(pool.map(lambda lo: contextvars.copy_context().run(one, lo), starts))
+            list(pool.map(lambda c, lo: c.run(one, lo), contexts, starts))
         return {name: outs[vid] for name, vid in self.plan.outputs}
 
     def _run_whole(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
