@@ -736,9 +736,9 @@ def test_freq_in_slices_matches_the_reference(freq, monkeypatch, dtype, layout, 
     sliced = []
     real = execute.Executor._run_sliced
 
-    def spy(self, split, *args, **kw):
-        sliced.append(split)
-        return real(self, split, *args, **kw)
+    def spy(self, d, step, *args, **kw):
+        sliced.append((d, step))
+        return real(self, d, step, *args, **kw)
     monkeypatch.setattr(execute.Executor, "_run_sliced", spy)
     seen = []   # the settings each run of the plan (a slice) sees
     whole = execute.Executor._run_whole
@@ -785,6 +785,17 @@ def test_freq_in_slices_matches_the_reference(freq, monkeypatch, dtype, layout, 
     with opkit.config(num_threads=threads, alpha_quant=True):
         freq(np.ones((4, 2, 4, 4)))
     assert seen and all(s == (1, True) for s in seen)
+
+
+def test_only_plans_of_resampling_calls_and_elementwise_kernels_run_in_slices():
+    """A plan runs in slices only where a library call says it pays (LibraryPrimitive.mixes:
+    fourier) and nothing reduces but a sum_to: freq_leaky_relu, along N and C (its transforms run
+    along H and W); no other bundled operator (folded sums, convolutions, matmuls)."""
+    for name in opkit.list_ops():
+        for ex in opkit.get(name)._run_plans():
+            if ex is not None:
+                want = ("N", "C") if name == "freq_leaky_relu" else ()
+                assert ex.batch_dims == want, (name, ex.plan.kind)
 
 
 def test_freq_empty_inputs(freq):

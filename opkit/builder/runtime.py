@@ -62,6 +62,8 @@ def runtime_object(tc: Toolchain, timeout: float) -> Path:
                     f"with OPK_RUNTIME; exit status {r.returncode}) with the flags "
                     f"{' '.join(tc.cflags)}:\n{tail}\n  (check CC and OPKIT_CFLAGS: every module "
                     "links this object, so no operator can be built until it compiles)")
+            # a module's meta.json record, as cache.verify reads it ("so" names the object,
+            # "pyx" its source)
             record = {"so": _O, "pyx": _C, "files": {f: cache.file_record(work / f) for f in (_O, _C)}}
             cache.write_json_atomic(work / _RECORD, record)
             cache.publish(work, entry)

@@ -31,6 +31,10 @@ class LibraryPrimitive:
     # (node, sizes, value of a scalar argument) -> sizes of the dims the call creates (conv2d's
     # OH, OW): the runtime sizes outputs with it, and it refuses impossible calls (ValueError)
     sizes: Optional[Callable] = None
+    # (params) -> the dims the call mixes values along, for a call worth running slice by slice
+    # along the others (a DFT resampling: its intermediates outgrow the caches, slices keep them
+    # in L2); the runtime then runs a plan of such calls and elementwise kernels in slices
+    mixes: Optional[Callable] = None
 
 
 LIBRARY: Dict[str, LibraryPrimitive] = {}
@@ -345,7 +349,8 @@ def _fourier_vjp(g, out, v, factor):
 
 register(LibraryPrimitive("fourier", _run_fourier, _fourier_vjp, "vfft",
                           "band-limited resampling along one dim in the DFT domain",
-                          scalar_args=(1,), format=lambda a, p: f"fft_{p[1]}({a[0]}, {p[0]}, {a[1]})"))
+                          scalar_args=(1,), format=lambda a, p: f"fft_{p[1]}({a[0]}, {p[0]}, {a[1]})",
+                          mixes=lambda p: (p[0],)))
 
 
 def _fourier_builder(kind: str):

@@ -161,17 +161,21 @@ SLICE_BYTES = 1 << 20
 
 
 def _batch_dims(plan: Plan) -> Tuple[str, ...]:
-    """The dims (of N, C) a plan that resamples (fourier) treats one slice at a time: none of its
-    transforms runs along them and nothing but a sum_to (checked per call) reduces. Empty for
-    every other plan."""
+    """The dims (of N, C) a plan worth running in slices treats one slice at a time: it has a
+    library call that says so (`LibraryPrimitive.mixes`: a DFT resampling), none of those mixes
+    values along them, and nothing else but elementwise kernels and sum_tos (checked per call)
+    runs. Empty for every other plan."""
     along = set()
+    slicing = False
     for s in plan.steps:
-        if isinstance(s, LibCall) and s.prim == "fourier":
-            along.add(s.params[0])
+        mixes = LIBRARY[s.prim].mixes if isinstance(s, LibCall) else None
+        if mixes is not None:
+            along.update(mixes(s.params))
+            slicing = True
         elif not (isinstance(s, Kernel) and not s.sums
                   or isinstance(s, LibCall) and s.prim == "sum_to"):
             return ()
-    return tuple(d for d in ("N", "C") if along and d not in along)
+    return tuple(d for d in ("N", "C") if slicing and d not in along)
 
 
 class Executor:
@@ -214,11 +218,11 @@ class Executor:
         the kernel that writes it when nothing reduces it afterwards."""
         split = self._split(bound, like)
         if split is not None:
-            return self._run_sliced(split, bound, module, out_arrays, out_dtypes, like, clip)
+            return self._run_sliced(*split, bound, module, out_arrays, out_dtypes, like, clip)
         return self._run_whole(bound, module, out_arrays, out_dtypes, like, clip)
 
-    def _split(self, bound: Bound, like: Dict[Value, Array]) -> Optional[Tuple[str, int]]:
-        """(dim, slice length) to run a resampling plan in slices of, or None for one run.
+    def _split(self, bound: Bound, like: Dict[Value, Array]) -> Optional[Tuple[str, int, int]]:
+        """(dim, slice length, threads) to run a resampling plan in slices, or None for one run.
 
         A DFT resampling's intermediates (four times the input for up=2, and their spectra)
         outgrow the caches, and every pass of the transforms then goes to memory. Slices of about
@@ -233,7 +237,7 @@ class Executor:
             n = bound.sizes.get(d, 1)
             if n < 2 * threads or not self._sliceable(d, n, bound, like):
                 continue
-            return d, max(1, min(n // (2 * threads), int(SLICE_BYTES * n // biggest)))
+            return d, max(1, min(n // (2 * threads), int(SLICE_BYTES * n // biggest))), threads
         return None
 
     def _sliceable(self, d: str, n: int, bound: Bound, like: Dict[Value, Array]) -> bool:
@@ -243,11 +247,10 @@ class Executor:
                    if isinstance(s, LibCall) and s.prim == "sum_to"]
         return all(d in names and arr.shape[names.index(d)] == n for arr, names in arrays)
 
-    def _run_sliced(self, split: Tuple[str, int], bound: Bound, module, out_arrays, out_dtypes,
-                    like, clip) -> Dict[str, np.ndarray]:
-        """The plan run on slices along one dim, on a thread each (each slice on one thread):
-        into the whole outputs, allocated first."""
-        d, step = split
+    def _run_sliced(self, d: str, step: int, threads: int, bound: Bound, module, out_arrays,
+                    out_dtypes, like, clip) -> Dict[str, np.ndarray]:
+        """The plan run on slices of `step` along `d` on `threads` threads (one thread inside
+        each slice): into the whole outputs, allocated first."""
         outs = dict(out_arrays)
         for _, vid in self.plan.outputs:
             if vid not in outs:
@@ -270,7 +273,6 @@ class Executor:
             with config(num_threads=1):
                 self._run_whole(part, module, part_outs, out_dtypes, part_like, clip)
 
-        threads = max(1, setting("num_threads"))
         starts = range(0, bound.sizes[d], step)
         # each slice in a copy of the caller's settings (isa, ...), taken here: a pool thread
         # starts with the defaults
