@@ -46,6 +46,15 @@ def test_attr_errors(op):
     raises(TypeError, r"alpha must be a float, got bool", op, x32, alpha=True)
     raises(TypeError, r"alpha must be a float, got None", op, x32, alpha=None)
     raises(ValueError, r"alpha must be in .* got nan", op, x32, alpha=float("nan"))
+    # an integer past what a float64 holds: the attr's name, not an OverflowError
+    raises(ValueError, r"leaky_relu\(\): alpha must be a float of magnitude at most 1\.8e308 .*"
+           r"got an integer of 1031 bits", op, x32, alpha=2 ** 1030)
+    raises(ValueError, r"alpha must be in \[0\.0, 1\.0\], got 1\.152921504606847e\+18",
+           op, x32, alpha=2 ** 60)
+    conv = opkit.get("conv2d_bias_leaky_relu")
+    w = np.ones((1, 1, 1, 1), np.float32)
+    raises(ValueError, r"stride must be an integer of magnitude at most 2\*\*53, got an integer of 71 bits",
+           conv, np.ones((1, 1, 2, 2), np.float32), w, np.ones(1, np.float32), stride=2 ** 70)
     assert op(x32, alpha=np.float32(0.5)).dtype == np.float32
     assert op(x32, 0.5)[0, 0] == np.float32(-1.0)  # attrs may also be given by position
 

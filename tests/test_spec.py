@@ -1075,12 +1075,21 @@ def test_forward_binding_reuses_an_input_or_attr(name, what):
           f"forward.{name}: {name!r} is already {what}")
 
 
-@pytest.mark.parametrize("name", ["exp", "where", "clamp", "pi", "inf"])
+@pytest.mark.parametrize("name", ["exp", "where", "clamp"])
 def test_forward_binding_uses_a_function_name(name):
     text = decl((Y_FORWARD, f"  {name}: x * 2\n" + Y_FORWARD))
     check(dsl_error(text), line_of(text, f"  {name}: x * 2"),
           f"forward.{name}: {name!r} is the name of a function of the expression language; "
           "pick another name")
+
+
+@pytest.mark.parametrize("name, value", [("e", "2.718281828459045"), ("pi", "3.14159"), ("inf", "inf")])
+def test_forward_binding_uses_a_constant_name(name, value):
+    text = decl((Y_FORWARD, f"  {name}: x * 2\n" + Y_FORWARD))
+    message = check(dsl_error(text), line_of(text, f"  {name}: x * 2"),
+                    f"forward.{name}: {name!r} is a constant of the expression language ({name} = ",
+                    "pick another name")
+    assert value in message and "function" not in message
 
 
 def test_forward_lines_see_only_earlier_lines():
@@ -1301,6 +1310,16 @@ def test_canonical_changes_with_an_expression():
     b = parse_spec(decl((Y_FORWARD, "  y: where(x > 0, x, alpha * x * 2)")), FILE)
     assert a.canonical() != b.canonical()
     assert a.canonical()["forward"] != b.canonical()["forward"]
+
+
+@pytest.mark.parametrize("a, b", [("(x + alpha) * 2", "x + alpha * 2"), ("x - (alpha - 1)", "x - alpha - 1"),
+                                  ("where(x > 0, x, 1)", "where(x > 0, 1, x)"), ("x + 1", "x + 1.5"),
+                                  ("x + alpha", "x + alpha_")])
+def test_canonical_tells_apart_what_the_parentheses_and_names_say(a, b):
+    def form(text):
+        return parse_spec(decl((Y_FORWARD, f"  y: {text}")), FILE).canonical()["forward"]
+    assert form(a) != form(b)
+    assert form(a) == form(f"({a.replace(' ', '')})")  # spacing and redundant parentheses: the same
 
 
 @pytest.mark.parametrize("edit", [

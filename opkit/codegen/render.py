@@ -27,7 +27,7 @@ from ..lower.fuse import MAX_OPERANDS
 from ..lower.reduce import LANE_BYTES, MAX_SUMS, SUM_CHUNK
 from ..lower.integer import fixed_point_factor
 from ..quantize import M_LIMIT
-from ..spec.model import OpSpec
+from ..spec.model import DtypeLimit, OpSpec
 from ..target import Target
 
 
@@ -433,9 +433,13 @@ def _direct_kernel(plan) -> Optional[Tuple[Kernel, List[str]]]:
 def _direct_attrs(spec: OpSpec) -> List[Dict]:
     attrs = []
     for a in spec.attrs:
-        default = None if a.required else ("True" if a.default is True else "False" if a.default is False
-                                           else "None" if a.default is None else _number(a.default))
-        attrs.append({"name": a.name, "type": a.type, "required": a.required, "default": default,
+        # a `finfo.max` default follows the call's dtype: the checked path resolves it
+        by_dtype = isinstance(a.default, DtypeLimit)
+        default = None if a.required or by_dtype else (
+            "True" if a.default is True else "False" if a.default is False
+            else "None" if a.default is None else _number(a.default))
+        attrs.append({"name": a.name, "type": a.type, "required": a.required or by_dtype,
+                      "default": default,
                       "nullable": a.nullable,
                       "null_means": _number(a.null_means) if a.nullable else None,
                       "checks": _attr_checks(a) if a.type != "bool" else []})

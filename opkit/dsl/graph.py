@@ -10,7 +10,7 @@ from .autodiff import vjp
 from .ir import Node, format_expr, scope as ir_scope, topo_order
 from .library import LIBRARY, sum_to
 from .primitives import PRIMITIVES
-from .parse import FUNCTION_NAMES, Source, Specialization, parse_expr
+from .parse import CONSTANTS, FUNCTION_NAMES, Source, Specialization, parse_expr
 from .variants import Variant, variants
 
 
@@ -133,6 +133,10 @@ def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: D
     for b in bindings:
         if b.name in fixed:
             raise SpecError(f"{section}.{b.name}: {b.name!r} is already {fixed[b.name]}", b.name_loc)
+        if b.name in CONSTANTS:
+            raise SpecError(f"{section}.{b.name}: {b.name!r} is a constant of the expression "
+                            f"language ({b.name} = {CONSTANTS[b.name]!r}); pick another name",
+                            b.name_loc)
         if b.name in FUNCTION_NAMES:
             raise SpecError(f"{section}.{b.name}: {b.name!r} is the name of a function of the "
                             "expression language; pick another name", b.name_loc)

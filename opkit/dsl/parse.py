@@ -21,7 +21,7 @@ from .primitives import PRIMITIVES, apply
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
            ast.BitAnd: "and", ast.BitOr: "or"}
 _CMPOPS = {ast.Gt: "gt", ast.GtE: "ge", ast.Lt: "lt", ast.LtE: "le", ast.Eq: "eq", ast.NotEq: "ne"}
-_CONSTANTS = {"pi": math.pi, "e": math.e, "inf": math.inf}
+CONSTANTS = {"pi": math.pi, "e": math.e, "inf": math.inf}
 def _primitive_builder(name: str):
     return lambda *args: apply(name, *args)
 
@@ -40,7 +40,7 @@ _FUNCTIONS: Dict[str, tuple] = {
     "mean": (2, library.dsl_mean),
     "conv2d": (4, library.conv2d),
 }
-FUNCTION_NAMES = tuple(sorted(_FUNCTIONS)) + tuple(sorted(_CONSTANTS))
+FUNCTION_NAMES = tuple(sorted(_FUNCTIONS)) + tuple(sorted(CONSTANTS))
 
 
 _EXCERPT = 100  # characters of an expression an error message shows
@@ -169,8 +169,8 @@ class _Parser:
                                  f'as in `a if {node.id} == "..." else b`', node)
         if node.id in self.names:
             return self.names[node.id]
-        if node.id in _CONSTANTS:
-            return const(_CONSTANTS[node.id])
+        if node.id in CONSTANTS:
+            return const(CONSTANTS[node.id])
         known = sorted(self.names)
         import difflib
         close = difflib.get_close_matches(node.id, known + list(_FUNCTIONS), n=1)

@@ -230,6 +230,11 @@ def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int
                 in_dims.append(n.dims)
             ins = Instr(Reg(len(body)), LOAD, (), "float", slot=inputs.index(value))
             body.append(ins)
+            if n.kind == "bool":
+                # a condition crosses a boundary stored as 1 or 0 in the array: read it back
+                # as a condition, so `&`, `|` and `~` take it as they take a comparison
+                ins = Instr(Reg(len(body)), "ne", (ins.dst, Const(0.0)), "bool", n.loc)
+                body.append(ins)
             ssa[id(n)] = ins.dst
         else:
             ins = Instr(Reg(len(body)), n.op, tuple(ssa[id(a)] for a in n.args), n.kind, n.loc)

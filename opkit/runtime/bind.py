@@ -103,6 +103,12 @@ def finfo_values(dtype: np.dtype) -> Dict[str, float]:
     return found
 
 
+# the largest integer magnitude an attr may be given: a float64 holds every integer up to 2**53
+# exactly, and none past its largest finite value
+_LIMIT = {"int": 2 ** 53, "float": int(np.finfo(np.float64).max)}
+_LIMIT_TEXT = {"int": "2**53", "float": "1.8e308 (float64's largest)"}
+
+
 def check_attrs(spec: OpSpec, given: dict, where: str,
                 dtype: Optional[np.dtype] = None) -> Dict[str, object]:
     """The attrs as kernels take them (a null one as its null_means, a `finfo.max` default as
@@ -145,6 +151,10 @@ def check_attrs(spec: OpSpec, given: dict, where: str,
             continue
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
             raise TypeError(f"{where}: {a.name} must be {_KIND[a.type]}, got {type(v).__name__} {v!r}")
+        if isinstance(v, numbers.Integral) and not -_LIMIT[a.type] <= v <= _LIMIT[a.type]:
+            # kernels take attrs as float64 numbers: exact for integers up to 2**53
+            raise ValueError(f"{where}: {a.name} must be {_KIND[a.type]} of magnitude at most "
+                             f"{_LIMIT_TEXT[a.type]}, got an integer of {int(v).bit_length()} bits")
         if a.type == "int":
             if not float(v).is_integer():
                 raise TypeError(f"{where}: {a.name} must be an integer, got {v!r}")

@@ -110,6 +110,15 @@ def _iteration_space(layouts: Tuple[Tuple[Tuple[int, ...], Tuple[str, ...]], ...
     return found
 
 
+def _narrowed(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A float64 sum in the compute dtype: past float32's range it is inf, as a kernel's store
+    makes it, without NumPy's overflow warning."""
+    if np.dtype(dtype).itemsize >= arr.dtype.itemsize:
+        return arr.astype(dtype, copy=False)
+    with np.errstate(over="ignore"):
+        return arr.astype(dtype)
+
+
 _ANCHOR = np.zeros(1)  # the memory a partials layout views: the kernel never reads it
 
 
@@ -315,17 +324,18 @@ class Executor:
             self._library(step, env, bound, out_dtypes, like, clip, st.final)
             return
         ins = [env[v] for v in step.inputs]
+        for vid in step.outputs:
+            if vid.kind is Kind.OUTPUT and vid not in env:
+                env[vid] = self._allocate(like[vid], out_dtypes[vid])
+        space, labels = self._space(step, env, ins)
         landed = set()   # outputs of the kernel that are an output array as they are
         summed = []      # the folded sums this call adds up in the pass
         discard = 0      # operand bits of the outputs only those sums read: not stored
         for vid in step.outputs:
             if vid in env:
                 continue
-            if vid.kind is Kind.OUTPUT:
-                env[vid] = self._allocate(like[vid], out_dtypes[vid])
-                continue
             lib = self.direct.get(vid)
-            if lib is not None and self._lands(lib, vid, step, ins, st):
+            if lib is not None and self._lands(lib, vid, space, labels, st):
                 skipped.add(lib.name)
                 landed.add(vid)
                 continue
@@ -334,16 +344,16 @@ class Executor:
                 # read only by sums folded into this kernel: a sum_to that is an identity
                 # here is its output array; the others add the values up, stored or not
                 ident = next((c for c in folded if c.prim == "sum_to" and c.result.kind is Kind.OUTPUT
-                              and self._lands(c, vid, step, ins, st)), None)
+                              and self._lands(c, vid, space, labels, st)), None)
                 if ident is not None:
                     landed.add(vid)
                 else:
-                    nm, shape = self._temp_shape(ins, step.inputs)
+                    nm, shape = self._temp_shape(space, labels)
                     env[vid] = (np.broadcast_to(np.empty((), st.temp_dtype), shape), nm)
                     discard |= 1 << (len(step.inputs) + step.outputs.index(vid))
                 summed += [c for c in folded if c is not ident]
                 continue
-            env[vid] = self._temp(ins, step.inputs, st.temp_dtype)
+            env[vid] = self._temp(space, labels, st.temp_dtype)
         summed += [c for c in step.sums if c.args[0] not in self.folded]
         clips = None
         if clip is not None and self.plan.kind == "backward":
@@ -364,7 +374,7 @@ class Executor:
         for v in later:
             np.clip(env[v][0], -clip, clip, out=env[v][0])
         for c, folded in zip(summed, sums):
-            self._put(c.result, (folded.total.astype(st.temp_dtype), folded.names), env,
+            self._put(c.result, (_narrowed(folded.total, st.temp_dtype), folded.names), env,
                       out_dtypes, like, clip, st.temp_dtype, st.final)
 
     @staticmethod
@@ -405,11 +415,24 @@ class Executor:
                 lanes.append(fastest not in c.params[0])
         return lanes
 
-    def _lands(self, lib: LibCall, vid: Value, k: Kernel, ins: List[Array], st: "_State") -> bool:
-        """Whether `lib` (a sum_to of the kernel's `vid`) is an identity for this call; then its
-        result array (allocated now unless the caller gave it) is where the kernel writes vid."""
+    def _space(self, k: Kernel, env: Dict[Value, Array], ins: List[Array]):
+        """The arrays (and their labels) whose broadcast shape the kernel's temps take: its
+        inputs, its output arrays, and the targets of the sum_tos that reduce its results. An
+        output or a target only adds dims the inputs lack when the value does not depend on
+        them (an output `c * 2` of a per-channel c, a gradient `dx: 0`): it is then broadcast to
+        that shape, as NumPy and `sum_to` of a smaller value do."""
+        calls = [c for c in k.sums if c.prim == "sum_to"]
+        calls += [self.direct[v] for v in k.outputs if v in self.direct]
+        extra = [v for v in k.outputs if v.kind is Kind.OUTPUT]
+        extra += [self.values[c.params[0]] for c in calls]
+        return ins + [env[v] for v in extra], list(k.inputs) + extra
+
+    def _lands(self, lib: LibCall, vid: Value, space: List[Array], labels, st: "_State") -> bool:
+        """Whether `lib` (a sum_to of the kernel's `vid`) is an identity for this call (`space`:
+        what the kernel's temps broadcast, `_space`); then its result array (allocated now
+        unless the caller gave it) is where the kernel writes vid."""
         target = st.env[self.values[lib.params[0]]]
-        nm, shape = self._temp_shape(ins, k.inputs)
+        nm, shape = self._temp_shape(space, labels)
         if nm != target[1] or shape != target[0].shape:
             return False
         if lib.result not in st.env:  # (else an array the caller gave)
@@ -495,7 +518,7 @@ class Executor:
     def _store(self, value: Value, arr: Array, st: "_State") -> None:
         """A library result (a mean) into the environment, or into its output array."""
         if value.kind is not Kind.OUTPUT:
-            st.env[value] = (arr[0].astype(st.temp_dtype), arr[1])
+            st.env[value] = (_narrowed(arr[0], st.temp_dtype), arr[1])
             return
         if value not in st.env:
             st.env[value] = self._allocate(st.like[value], st.out_dtypes[value])

@@ -66,7 +66,24 @@ def _shape_rules(spec: OpSpec) -> ShapeRules:
     for o in spec.outputs:
         node = dict(graph.outputs)[o.name]
         # outputs on dims of their own: the dims a call created, or fewer than the inputs have
+        # because a reduction removed some (a per-channel mean). An elementwise result of a
+        # smaller input (`c * 2` for a per-channel c) has the broadcast shape of all inputs.
         if o.like is None and node.dims and (set(node.dims) & created or
-                                             set(node.dims) < input_dims):
+                                             set(node.dims) < input_dims and _reduced(node)):
             outputs.append((o.name, node.dims))
     return ShapeRules(calls, attrs, tuple(outputs), tuple(n.dims for n in calls))
+
+
+def _reduced(node: Node) -> bool:
+    """Whether a library call on the way to `node` drops dims of its argument (sum, mean)."""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op in LIBRARY and n.dims is not None and any(
+                a.dims and not set(a.dims) <= set(n.dims) for a in n.args):
+            return True
+        stack.extend(n.args)
+    return False

@@ -41,12 +41,31 @@ class DtypeLimit:
         return f"finfo.{self.which}"
 
 
+class _Text(str):
+    """A piece of `_expr_form`'s output, told apart from the string values of the tree."""
+
+
 def _expr_form(text: str) -> str:
-    """An expression's syntax tree as text: spacing and parentheses that change nothing vanish."""
+    """An expression's syntax tree as text: spacing and parentheses that change nothing vanish.
+    Walked with a stack, not recursively as `ast.dump` is: an expression may nest as deep as
+    the parser's operator limit allows, past Python's recursion limit."""
     try:
-        return ast.dump(ast.parse(text.strip().replace("\n", " "), mode="eval"))
+        tree = ast.parse(text.strip().replace("\n", " "), mode="eval")
     except SyntaxError:
         return text
+    out, todo = [], [tree]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, _Text):
+            out.append(item)
+        elif isinstance(item, ast.AST):
+            fields = [value for _, value in ast.iter_fields(item)]
+            todo += [_Text(")"), *fields[::-1], _Text(type(item).__name__ + "(")]
+        elif isinstance(item, list):
+            todo += [_Text("]"), *item[::-1], _Text("[")]
+        else:
+            out.append(repr(item))
+    return " ".join(out)
 
 
 @dataclass(frozen=True)

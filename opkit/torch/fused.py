@@ -18,7 +18,7 @@ from .. import get as _get
 from ..config import DEFAULT_PRECISION
 from ..runtime.precision import _cast_to
 from .library import call, call_
-from .resize import Plan, memory_format_of, recorded, versions
+from .resize import Plan, cached, recorded
 from .tensors import DTYPES, TORCH_DTYPES
 
 # where the convolution runs: opkit's fused operator, or PyTorch's conv2d with opkit's
@@ -166,13 +166,7 @@ class FusedConvLeakyReLU(nn.Module):
         if self.precision_mode == DEFAULT_PRECISION and not recorded(x, *sources):
             # nothing records the call: the folded weights are made once for these parameters,
             # the convolution adds the bias, and the slope goes over its output in place
-            key = versions(*sources) + (memory_format_of(x),)
-            if self._cache is None or self._cache[0] != key:
-                w, shift = self._folded(x)
-                shift = shift.to(w.dtype)
-                params = self.plan.params(w, shift, key[-1]) if self.plan is not None else (w, shift)
-                self._cache = (key, params)
-            w, shift = self._cache[1]
+            w, shift = cached(self, sources, x, lambda fmt: self._eval_params(x, fmt))
             then = lambda z: call_("leaky_relu", z, alpha=self.alpha)  # noqa: E731
             if self.plan is not None:
                 return self.plan.convolve(x, None, None, then, params=(w, shift))
@@ -182,6 +176,12 @@ class FusedConvLeakyReLU(nn.Module):
             return self._run("leaky_relu", self._conv2d(x, w, shift.to(w.dtype)), alpha=self.alpha)
         z = F.conv2d(x, w, None, self.stride, self.padding)
         return self._run("fused_bias_leaky_relu", z, shift, alpha=self.alpha, gain=1.0)
+
+    def _eval_params(self, x: torch.Tensor, fmt):
+        """The folded weights and bias, as phase kernels where upsampling is folded in."""
+        w, shift = self._folded(x)
+        shift = shift.to(w.dtype)
+        return self.plan.params(w, shift, fmt) if self.plan is not None else (w, shift)
 
     def _folded(self, x: torch.Tensor):
         """(weights, bias) of the convolution with the inference batch norm folded in."""

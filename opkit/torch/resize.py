@@ -120,6 +120,20 @@ def versions(*tensors) -> tuple:
     return tuple((t.data_ptr(), t._version, t.dtype) if t is not None else None for t in tensors)
 
 
+def cached(owner, sources, x: torch.Tensor, make):
+    """`make(memory_format)` (the eval weights derived from the parameters `sources`) made once
+    per version of the parameters and x's memory format, kept on `owner`. Inside torch.compile
+    they are made in the traced graph: Dynamo cannot compare data pointers, and the compiled
+    graph computes them (or folds them, with freezing)."""
+    fmt = memory_format_of(x)
+    if torch.compiler.is_compiling():
+        return make(fmt)
+    key = versions(*sources) + (fmt,)
+    if owner._cache is None or owner._cache[0] != key:
+        owner._cache = (key, make(fmt))
+    return owner._cache[1]
+
+
 def memory_format_of(t: torch.Tensor):
     """channels_last for a 4-d tensor dense in that order (and not also in NCHW order)."""
     return (torch.channels_last if t.dim() == 4 and not t.is_contiguous()
@@ -190,10 +204,8 @@ class ResizeConv2d(nn.Module):
         conv = self._conv
         params = None
         if not recorded(x, conv.weight, conv.bias):  # eval: the phase kernels of these weights
-            key = versions(conv.weight, conv.bias) + (memory_format_of(x),)
-            if self._cache is None or self._cache[0] != key:
-                self._cache = (key, self.plan.params(conv.weight, conv.bias, key[-1]))
-            params = self._cache[1]
+            params = cached(self, (conv.weight, conv.bias), x,
+                            lambda fmt: self.plan.params(conv.weight, conv.bias, fmt))
         return self.plan.convolve(x, conv.weight, conv.bias, params=params)
 
     def extra_repr(self) -> str:
