@@ -34,11 +34,14 @@ def _scipy() -> Optional[Blas]:
     return Blas("scipy", scipy.__version__)
 
 
+def blas_disabled() -> bool:
+    """OPKIT_BLAS=none (or off, 0): fused steps run unfused even where SciPy is installed."""
+    return os.environ.get("OPKIT_BLAS", "").strip().lower() in ("none", "off", "0")
+
+
 def blas() -> Optional[Blas]:
     """The BLAS backend of this process, or None (OPKIT_BLAS=none turns it off)."""
-    if os.environ.get("OPKIT_BLAS", "").strip().lower() in ("none", "off", "0"):
-        return None
-    return _scipy()
+    return None if blas_disabled() else _scipy()
 
 
 _SET = ("scipy_openblas_set_num_threads", "openblas_set_num_threads")

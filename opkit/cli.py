@@ -2,17 +2,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import concurrent.futures
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from typing import List, Optional
 
+from . import backend
 from ._version import __version__
-from .errors import BuildError, SpecError
+from .errors import BuildError, FusionWarning, SpecError
 
 
 class Progress:
@@ -139,8 +143,10 @@ def _longest_first(ops):
 
 def cmd_build(args) -> int:
     import opkit
+    from .builder import compile as compile_stage
     if args.isa:
         opkit.configure(isa=args.isa)
+    compile_stage.ANNOUNCE = False  # the progress display says what compiles
     names = _targets(args.paths) if args.paths else opkit.list_ops()
     ops = [opkit.get(n) for n in names]
     progress = Progress(len(ops), quiet=args.quiet)
@@ -161,7 +167,8 @@ def cmd_build(args) -> int:
         return op, result, validation, time.perf_counter() - start
 
     jobs = args.jobs or os.cpu_count() or 1
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+    with _fusion_notes() as notes, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         futures = {pool.submit(one, op): op for op in _longest_first(ops)}
         for fut in concurrent.futures.as_completed(futures):
             op = futures[fut]
@@ -182,10 +189,47 @@ def cmd_build(args) -> int:
     rows.sort(key=lambda r: r[0])
     print(_table(rows, ["operator", "dtypes", "cache", "time", "validation"]))
     print(f"{len(ops)} operator(s) in {time.perf_counter() - t0:.1f}s; cache {_cache_root()}")
+    for line in _summarized(notes):
+        print(line, file=sys.stderr)
     if failures:
         print(f"opkit build: error: {_build_failures(failures, len(ops))}", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _fusion_notes():
+    """The FusionWarnings of a build, collected (from every build thread) instead of printed as
+    Python warnings with a source line each; `_summarized` says them after the table."""
+    found: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", FusionWarning)
+        shown = warnings.showwarning
+
+        def show(message, category, *rest, **kw):
+            if issubclass(category, FusionWarning):
+                found.append(str(message))
+            else:
+                shown(message, category, *rest, **kw)
+        warnings.showwarning = show
+        yield found
+
+
+_NO_BLAS = re.compile(r"Cannot fuse the epilogue of \w+ \((.+?):\d+:\d+\): no BLAS backend")
+
+
+def _summarized(notes) -> list:
+    """One line for every epilogue unfused for want of SciPy, and a line for each other note."""
+    files = sorted({os.path.splitext(os.path.basename(m.group(1)))[0]
+                    for m in map(_NO_BLAS.match, notes) if m})
+    lines = [f"note: {n}" for n in sorted(set(notes)) if not _NO_BLAS.match(n)]
+    if files:
+        why = "OPKIT_BLAS=none" if backend.blas_disabled() else "SciPy is not installed"
+        lines.append(f"note: {why}, so {len(files)} operator(s) ({', '.join(files)}) run their "
+                     "convolution or matmul and the elementwise work after it one after the other "
+                     "instead of fused (same results, slower): pip install scipy (the blas extra) "
+                     "fuses them")
+    return lines
 
 
 def _build_failures(failures, total: int) -> str:

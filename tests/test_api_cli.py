@@ -94,6 +94,12 @@ def test_opkit_path_and_cache_dir_environment(tmp_path):
     assert eval(values)[1] == 6.0
     assert any(p.name.startswith("clipped_elu-") for p in cache.iterdir())
     assert "was not loaded" in r.stderr  # the missing folder is reported, not fatal
+    # the first call compiles, and says so on stderr (once: the second process finds the cache)
+    assert f"opkit: compiling clipped_elu (new or changed: several seconds, once; then cached in {cache})" \
+        in r.stderr.splitlines()
+    again = _python("import numpy as np, opkit; opkit.ops.clipped_elu(np.array([1.0]))",
+                    OPKIT_PATH=str(EXAMPLES), OPKIT_CACHE_DIR=str(cache))
+    assert again.returncode == 0 and "compiling" not in again.stderr, again.stderr
 
 
 def test_broken_file_on_opkit_path_warns(tmp_path):
@@ -106,8 +112,9 @@ def test_broken_file_on_opkit_path_warns(tmp_path):
 def test_cli_build_list_show_validate_clean(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OPKIT_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["build", "-q", str(EXAMPLES)]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "clipped_elu" in out and "scaled_leaky_relu" in out and "miss" in out
+    assert "compiling" not in err  # the progress display and the table say what compiled
     assert out.count("pass (") == 3
     assert main(["build", "-q", str(EXAMPLES)]) == 0
     out = capsys.readouterr().out
@@ -161,3 +168,34 @@ def test_console_script():
     assert r.returncode == 0 and r.stdout.strip() == f"opkit {opkit.__version__}"
     r = subprocess.run([sys.executable, "-m", "opkit", "list"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "leaky_relu" in r.stdout
+
+
+def test_build_gathers_fusion_notes_into_lines_after_the_table(monkeypatch):
+    """`opkit build` without SciPy: one line says what to install and what it changes, instead
+    of a FusionWarning with a source line per operator; the warnings of every build thread are
+    caught, and other notes keep a line each."""
+    import concurrent.futures
+    import warnings
+
+    from opkit import FusionWarning
+    from opkit.cli import _fusion_notes, _summarized
+
+    def warn(i):
+        for op in ("conv2d_bias_leaky_relu", "conv2d_bn_leaky_relu")[i % 2:]:
+            warnings.warn(f"Cannot fuse the epilogue of conv2d (/x/operators/{op}.yaml:12:6): no "
+                          "BLAS backend (install SciPy); the steps run one after another", FusionWarning)
+        warnings.warn("Cannot fuse gt with preceding op conv2d: a condition", FusionWarning)
+
+    with _fusion_notes() as notes, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(warn, range(4)))
+    assert len(notes) == 10
+    monkeypatch.delenv("OPKIT_BLAS", raising=False)
+    assert _summarized(notes) == [
+        "note: Cannot fuse gt with preceding op conv2d: a condition",
+        "note: SciPy is not installed, so 2 operator(s) (conv2d_bias_leaky_relu, conv2d_bn_leaky_relu) "
+        "run their convolution or matmul and the elementwise work after it one after the other "
+        "instead of fused (same results, slower): pip install scipy (the blas extra) fuses them"]
+    monkeypatch.setenv("OPKIT_BLAS", "none")
+    assert _summarized(notes)[1].startswith("note: OPKIT_BLAS=none, so 2 operator(s)")
+    with pytest.warns(FusionWarning):  # outside the build, a FusionWarning is a warning again
+        warn(1)

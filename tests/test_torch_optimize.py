@@ -230,7 +230,7 @@ def test_alpha_quant_snaps_every_slope_and_reports_it(x):
     assert torch.equal(opt.prelu.weight, torch.full((4,), 38 / 128))      # round(0.3 * 128) = 38
     assert torch.equal(opt.spatial.alpha_map, torch.full((1, 1, 16, 16), 13 / 128))
     assert maps["prelu"].drift == pytest.approx(abs(38 / 128 - 0.3), rel=1e-5)  # 0.3 in float32
-    assert "leaky_relu: alpha 0.01 -> 0.0078125" in str(report).splitlines()
+    assert "leaky_relu: alpha 0.01 -> 1/128 = 0.0078125" in str(report).splitlines()
     # the model computes with the snapped slopes
     ref = copy.deepcopy(model)
     ref.act.negative_slope = 26 / 128
@@ -355,3 +355,42 @@ def test_optimizing_again_applies_the_new_config(x):
     with torch.no_grad():
         y32, y16 = once(x), twice(x)
     assert 0 < (y16 - y32).abs().max() <= 1e-3 * y32.abs().max()
+
+
+def generator_block():
+    """Upsample -> conv -> batch norm -> LeakyReLU twice, then upsample -> conv -> tanh:
+    optimize folds each upsampling into its convolution, each batch norm and slope into a fused
+    module, the last pair into a ResizeConv2d (each caching its eval weights)."""
+    return with_statistics(nn.Sequential(
+        nn.Upsample(scale_factor=2), nn.Conv2d(2, 4, 3, 1, 1, bias=False), nn.BatchNorm2d(4),
+        nn.LeakyReLU(0.2),
+        nn.Upsample(scale_factor=2), nn.Conv2d(4, 3, 3, 1, 1), nn.BatchNorm2d(3), nn.LeakyReLU(0.2),
+        nn.Upsample(scale_factor=2), nn.Conv2d(3, 1, 3, 1, 1), nn.Tanh()))
+
+
+@pytest.mark.parametrize("conv", ["auto", "opkit"])
+@pytest.mark.parametrize("eager_first", [True, False], ids=["eager-then-compile", "compile-first"])
+def test_the_optimized_model_compiles_to_one_graph_after_eager_calls(conv, eager_first):
+    """The sanity check everyone runs (the model in eval, under no_grad) before or after
+    torch.compile(fullgraph=True): neither order breaks the graph, the results agree."""
+    torch.manual_seed(0)
+    model = generator_block().eval()
+    opt, _ = optimize(model, {"conv": conv, "layout": "NHWC"})
+    opt.eval()
+    x = torch.randn(2, 2, 5, 5)
+    torch._dynamo.reset()
+    compiled = torch.compile(opt, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        want = model(x)
+        calls = [opt, compiled, opt, compiled] if eager_first else [compiled, opt, compiled]
+        for f in calls:
+            assert_rel(f(x), want, 1e-4)
+        # the weights change: neither path serves the eval weights made from the old ones
+        for m in {id(m): m for m in (model, opt)}.values():
+            m.get_parameter("1.weight").mul_(0.5)
+        want = model(x)
+        for f in (opt, compiled):
+            assert_rel(f(x), want, 1e-4)
+    explained = torch._dynamo.explain(opt)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()

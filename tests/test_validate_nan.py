@@ -72,3 +72,20 @@ def test_nan_in_a_hand_written_backward_where_the_forward_is_finite_is_refused(t
     with pytest.raises(SpecError, match=r"op\.yaml:\d+:\d+: backward\.x: the gradient is NaN where "
                                         r"the forward result is finite"):
         make_op(write_op(tmp_path, text))
+
+
+def test_the_summary_says_which_criterion_passed_and_ulps_only_where_they_mean_something():
+    from opkit.validate.check import _check
+    from opkit.validate.report import Check, Report
+    near_zero = Comparison()   # below float32's absolute floor (1e-4): millions of its tiny ulps
+    near_zero.add(np.array([3e-8, -2e-9], np.float32), np.array([1e-30, 0.0]), "float32", "y")
+    assert near_zero.max_ulp is None and 0 < near_zero.worst < 1
+    ordinary = Comparison()    # two float64 ulps off at 1.5; a value near zero has no say
+    ordinary.add(np.array([1.5 + 2 * 2.0 ** -52, 1e-20]), np.array([1.5, 1e-30]), "float64", "y")
+    assert ordinary.max_ulp == 2
+    report = Report("t", [_check("forward float32", 2, near_zero), _check("forward float64", 2, ordinary),
+                          _check("backward float64", 2, Comparison()),
+                          Check("gradcheck float64", 3, 0.01, 1e-9, None, True)])
+    summary = report.summary()
+    assert summary == (f"pass (f32 fwd {near_zero.worst:.2g} of tol; f64 fwd 2 ulp, bwd exact; "
+                       "grad rel err 1.0e-09)"), summary

@@ -172,11 +172,24 @@ def _run(cmd: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProce
         raise BuildError(f"cannot run {cmd[0]}: {exc}") from None
 
 
+# A compile takes seconds: the first call of a new operator says so on stderr, unless a
+# progress display already does (`opkit build` and the ahead-of-time build turn this off) or
+# OPKIT_QUIET is set.
+ANNOUNCE = True
+
+
+def _announce(name: str) -> None:
+    if ANNOUNCE and not os.environ.get("OPKIT_QUIET"):
+        print(f"opkit: compiling {name} (new or changed: several seconds, once; then cached in "
+              f"{cache.cache_root()})", file=sys.stderr, flush=True)
+
+
 def _compile(name: str, keys: Tuple[str, str, str], entry: Path, source: str, tc: Toolchain,
              timeout: float) -> BuildResult:
     """Compile into a work folder and publish it as `entry`; `keys`: the cache key, the
     content key and the ship key."""
     key, ckey, skey = keys
+    _announce(name)
     t0 = time.perf_counter()
     module = f"opkit_{name}_{key[:12]}"
     work = cache.new_workdir(name, key)

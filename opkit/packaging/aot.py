@@ -151,17 +151,38 @@ def main(argv=None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=0)
     args = parser.parse_args(argv)
     import opkit
+    from ..builder import compile as compile_stage
     from ..registry import REGISTRY
+    compile_stage.ANNOUNCE = False  # `report` says what compiled
     ops = select([opkit.get(n) for n in opkit.list_ops() if REGISTRY.origin(n) == "opkit"],
                  args.ops)
     isas = parse_isas(args.isa)
     t0 = time.perf_counter()
-    print(f"opkit: building the kernels of {len(ops)} bundled operators ahead of time for "
-          f"{', '.join(isas)} (OPKIT_AOT=0 skips this; OPKIT_AOT_OPS picks some)", file=sys.stderr)
-    names = build_ahead(ops, Path(args.out), isas, args.jobs,
-                        report=lambda line: print(line, file=sys.stderr))
-    print(f"opkit: {len(names)} module(s) in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    say = _reporter()
+    say(f"opkit: building the kernels of {len(ops)} bundled operators ahead of time for "
+        f"{', '.join(isas)}, about a minute per ISA (OPKIT_AOT=0 skips this; OPKIT_AOT_OPS picks some)")
+    names = build_ahead(ops, Path(args.out), isas, args.jobs, report=say)
+    say(f"opkit: {len(names)} module(s) in {time.perf_counter() - t0:.0f}s")
     return 0
+
+
+def _reporter():
+    """A line to stderr, and to the terminal where stderr is not one: pip keeps a build step's
+    output to itself (unless -v), and a minute of silence looks like a hang."""
+    import sys
+    tty = None
+    if not sys.stderr.isatty():
+        try:
+            tty = open("/dev/tty", "w")  # noqa: SIM115  (open for the process's life)
+        except OSError:
+            tty = None  # no terminal (CI, a service): the log has the lines
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        if tty is not None:
+            with contextlib.suppress(OSError):
+                print(line, file=tty, flush=True)
+    return say
 
 
 if __name__ == "__main__":

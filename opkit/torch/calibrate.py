@@ -48,7 +48,7 @@ class Slope:
         if not isinstance(old, torch.Tensor):
             new = fixed_point(old, bits)[2]
             setattr(self.module, self.attr, new)
-            return Change(self.name, self.kind, old, new, abs(new - old))
+            return Change(self.name, self.kind, old, new, abs(new - old), bits)
         t = getattr(self.module, self.attr)
         if t.numel():  # every m must fit: the error a float slope would give
             fixed_point(float(t.detach().abs().max()), bits)
@@ -56,22 +56,27 @@ class Slope:
             t.copy_(torch.round(t * 2.0 ** bits) / 2.0 ** bits)
         drift = float((t.detach() - old).abs().max()) if t.numel() else 0.0
         if t.numel() == 1:
-            return Change(self.name, self.kind, float(old), float(t.detach()), drift)
-        return Change(self.name, self.kind, old, t.detach().clone(), drift)
+            return Change(self.name, self.kind, float(old), float(t.detach()), drift, bits)
+        return Change(self.name, self.kind, old, t.detach().clone(), drift, bits)
 
 
 class Change(NamedTuple):
-    """A slope before and after snapping; `drift` is the largest change of any element."""
+    """A slope before and after snapping to m / 2**bits; `drift` is the largest change of any
+    element."""
     name: str
     kind: str
     old: object
     new: object
     drift: float
+    bits: int
 
     def __str__(self) -> str:
         if self.kind == "map":
-            return f"{self.name}: alpha map snapped, max change {self.drift:.3g}"
-        return f"{self.name}: alpha {self.old:g} -> {self.new:g}"
+            return (f"{self.name}: alpha map snapped to multiples of 1/{2 ** self.bits}, max change "
+                    f"{self.drift:.3g}")
+        # the fixed-point value exactly: m / 2**bits has at most `bits` decimals
+        m = round(self.new * 2 ** self.bits)
+        return f"{self.name}: alpha {self.old:g} -> {m}/{2 ** self.bits} = {self.new!r}"
 
 
 # module type -> the attribute holding its slope

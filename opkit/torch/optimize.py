@@ -466,7 +466,7 @@ def _quantize_functions(gm: fx.GraphModule, report: Report) -> None:
             node.args = (node.args[0], new) + tuple(node.args[2:])
         else:
             node.kwargs = dict(node.kwargs, **{key: new})
-        report.alphas.append(Change(node.name, "fixed", old, new, abs(new - old)))
+        report.alphas.append(Change(node.name, "fixed", old, new, abs(new - old), ALPHA_BITS))
 
 
 # ----------------------------------------------------------------------------- the entry point

@@ -27,22 +27,25 @@ class Report:
         return all(c.passed for c in self.checks)
 
     def summary(self) -> str:
+        """`pass (f32 fwd 2 ulp, bwd 0.031 of tol; ...)`: per dtype, each pass's largest error
+        as a fraction of the dtype's standard (tol, docs/precision.md), or for an elementwise
+        forward its largest ULP distance; then the gradient check."""
         if not self.ok:
             bad = next(c for c in self.checks if not c.passed)
             return f"FAIL {bad.what}: {bad.detail}"
-        ulps = {}
+        found: dict = {}
         for c in self.checks:
-            if c.what.startswith("forward") and c.max_ulp is not None:
-                dt = c.what.split()[1]  # "forward float32" (and a variant's label after it)
-                ulps[dt] = max(ulps.get(dt, 0), c.max_ulp)
+            kind, dt = c.what.split()[:2]  # "forward float32" (and a variant's label after it)
+            if kind in ("forward", "backward"):
+                found.setdefault(dt, {}).setdefault(kind, []).append(c)
+        parts = []
+        for dt, kinds in found.items():
+            said = [f"{_SHORT[kind]} {_measure(checks)}" for kind, checks in kinds.items()]
+            parts.append(f"{dt.replace('float', 'f')} {', '.join(said)}")
         grad = [c for c in self.checks if c.what.startswith("gradcheck")]
-        parts = [f"{dt.replace('float', 'f')} {u} ulp" for dt, u in ulps.items()]
-        if not ulps:
-            worst = max((c.worst for c in self.checks if c.what.startswith("forward")), default=0)
-            parts.append(f"within {worst:.2g} of the allowed error")
         if grad:
             parts.append(f"grad rel err {max(g.max_abs for g in grad):.1e}")
-        return "pass (" + ", ".join(parts) + ")"
+        return "pass (" + "; ".join(parts) + ")"
 
     def to_dict(self) -> dict:
         return {"op": self.op, "ok": self.ok, "summary": self.summary(),
@@ -57,3 +60,16 @@ class Report:
                         + ("" if c.passed else f"  {c.detail}"))
         rows += [f"  note: {n}" for n in self.notes]
         return "\n".join(rows)
+
+
+_SHORT = {"forward": "fwd", "backward": "bwd"}
+
+
+def _measure(checks: List[Check]) -> str:
+    """"exact", "2 ulp" (where every check measured ULPs) or "0.031 of tol"."""
+    worst = max(c.worst for c in checks)
+    if worst == 0:
+        return "exact"
+    if all(c.max_ulp is not None for c in checks):
+        return f"{max(c.max_ulp for c in checks)} ulp"
+    return f"{worst:.2g} of tol"
