@@ -276,7 +276,7 @@ def _attribute(onnx, name: str, typ: str, value):
     return onnx.helper.make_attribute(name, int(value))
 
 
-def prepare(op, stand: Stand, backward: bool = False):
+def prepare(op, stand: Stand, backward: bool = False, opset: int = DEFAULT_OPSET):
     """The graph an export lowers, its Context and each input's dim names."""
     graphs = op.graphs_of(stand.variant)
     graph = graphs.backward if backward else graphs.forward
@@ -290,7 +290,7 @@ def prepare(op, stand: Stand, backward: bool = False):
         for d, s in zip(nm, shape):
             sizes.setdefault(d, None if s in stand.free else s)
     sizes.update((d, None) for d in stand.created)
-    ctx = Context(sizes, dict(bound.attrs), np.dtype(stand.compute), names, shapes)
+    ctx = Context(sizes, dict(bound.attrs), np.dtype(stand.compute), names, shapes, opset=opset)
     ctx.static = _static_attrs(graph, stand)
     return graph, ctx, names
 
@@ -320,7 +320,7 @@ def lower_outputs(graph, em, stand: Stand, ctx: Context, names, backward: bool =
 def build_function(op, stand: Stand, backward: bool = False, opset: int = DEFAULT_OPSET):
     """The FunctionProto `opkit.<name>` (or `<name>_backward`) and the attrs its caller sets."""
     onnx = _onnx()
-    graph, ctx, names = prepare(op, stand, backward)
+    graph, ctx, names = prepare(op, stand, backward, opset)
     bound = stand.bound
     attrs = [a for a in op.spec.attrs if a.type != "str" and a.name not in ctx.static]
     types = {a.name: "float" if a.type == "float" else "int" for a in attrs}

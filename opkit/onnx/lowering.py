@@ -46,18 +46,23 @@ class Val:
     ref: object
     names: Tuple[str, ...]
     resized: Dict[str, int] = field(default_factory=dict)  # dims a resampling made longer/shorter
+    # free dims a resampling scaled: their length as a multiple of the dim's size (downsampling
+    # by u needs a multiple of u, which a size left free does not promise)
+    scaled: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class Context:
     """What the export fixes: dim sizes (None where the model leaves a dim free), the values of
-    attrs that must be constants (a resampling factor shapes the model), the compute dtype."""
+    attrs that must be constants (a resampling factor shapes the model), the compute dtype and
+    the opset (which operators, in which version, the lowerings may emit)."""
 
     sizes: Dict[str, Optional[int]]
     attrs: Dict[str, object]
     compute: np.dtype
     names: Dict[str, Tuple[str, ...]]               # input -> dim names of its axes
     shapes: Dict[str, Tuple[Optional[int], ...]]    # input -> its sizes (None: left free)
+    opset: int
     static: Dict[str, object] = field(default_factory=dict)  # attrs a lowering fixed
 
     def size(self, dim: str, why: str) -> int:
@@ -163,7 +168,8 @@ def _lower(node, em, names, ctx: Context, done) -> Val:
         return lowering(em, node, args, ctx)
     target = named.union_names([a.names for a in args])
     resized = {d: n for a in args for d, n in a.resized.items()}
-    return Val(lowering(em, *[align(em, a, target) for a in args]), target, resized)
+    scaled = {d: r for a in args for d, r in a.scaled.items()}
+    return Val(lowering(em, *[align(em, a, target) for a in args]), target, resized, scaled)
 
 
 def missing() -> List[str]:

@@ -1,4 +1,5 @@
-"""The ONNX lowering of every primitive of opkit/dsl: standard operators only (opset >= 15).
+"""The ONNX lowering of every primitive of opkit/dsl: standard operators only (opset >= 15; a
+resampling along a dim the model leaves free uses DFT, opset >= 17).
 
 Each keeps the meaning the primitive's NumPy record gives it, NaN and infinities included:
 min/max propagate a NaN from either side (ONNX leaves that open), sign keeps NaN and gives +0
@@ -7,8 +8,11 @@ and Log), softplus is opkit's overflow-free form.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from ..dsl import named
 from ..dsl.library import _FOURIER, resample
 from .lowering import ExportError, Val, align, onnx_lowering
 
@@ -180,21 +184,33 @@ def _einsum(em, node, args, ctx) -> Val:
     return Val(em.op("Einsum", a.ref, b.ref, equation=equation), tuple(out))
 
 
+DFT_OPSET = 17
+SHORTER = ("down", "up_T")  # the kinds that shorten a dim
+WIDE = np.dtype(np.float64)  # the transforms' dtype: see _fourier_dft
+
+
 @onnx_lowering("fourier")
 def _fourier(em, node, args, ctx) -> Val:
-    """Band-limited resampling along one dim as a product with a constant real matrix: the
-    resampling of the identity (exact to the rounding of a sum of n products, as the FFT)."""
+    """Band-limited resampling along one dim: a product with a constant matrix where the dim's
+    length is known at export, ONNX's DFT where the model leaves it free."""
     val = args[0]
     dim, kind = node.params
-    u = int(round(ctx.constant(node.args[1], f"fft_{kind.split('_')[0]}")))
-    n = val.resized.get(dim) or ctx.size(dim, f"fft_{kind.split('_')[0]}") \
-        if dim in val.names else 1
+    what = f"fft_{kind.split('_')[0]}"
+    u = int(round(ctx.constant(node.args[1], what)))
+    n = 1 if dim not in val.names else val.resized.get(dim, ctx.sizes.get(dim))
     if n == 1:  # constant along dim: it stays constant; the adjoints scale it
         factor = {"up": 1.0, "down": 1.0, "up_T": float(u), "down_T": 1.0 / u}[kind]
-        return val if factor == 1.0 else \
-            Val(em.op("Mul", val.ref, em.scalar(factor)), val.names, val.resized)
+        return val if factor == 1.0 else replace(val, ref=em.op("Mul", val.ref, em.scalar(factor)))
+    if n is None:
+        return _fourier_dft(em, val, dim, kind, u, ctx, what)
+    return _fourier_matrix(em, val, dim, kind, u, n, ctx)
+
+
+def _fourier_matrix(em, val: Val, dim: str, kind: str, u: int, n: int, ctx) -> Val:
+    """The resampling as a product with a constant real matrix: the resampling of the identity
+    (exact to the rounding of a sum of n products, as the FFT)."""
     length, nyquist, scale = _FOURIER[kind]
-    if kind in ("down", "up_T") and n % u:
+    if kind in SHORTER and n % u:
         raise ExportError(f"resampling down by {u} needs a length divisible by {u} along "
                           f"{dim}, got {n}")
     matrix = resample(np.eye(n), 0, length(n, u), nyquist, scale(u)).astype(ctx.compute)
@@ -209,7 +225,89 @@ def _fourier(em, node, args, ctx) -> Val:
         moved = em.op("Transpose", val.ref, perm=perm)
         product = em.op("MatMul", moved, em.const(np.ascontiguousarray(matrix.T)))
         ref = em.op("Transpose", product, perm=[perm.index(i) for i in range(len(perm))])
-    return Val(ref, val.names, resized)
+    return replace(val, ref=ref, resized=resized)
+
+
+def _fourier_dft(em, val: Val, dim: str, kind: str, u: int, ctx, what: str) -> Val:
+    """The resampling of a free dim through ONNX's DFT, in float64 whatever the compute dtype:
+    onnxruntime's float32 DFT loses up to 1e-4 at lengths other than powers of 2 (its twiddle
+    angles grow with n * n); the casts cost nothing next to the transforms."""
+    ratio = val.scaled.get(dim, 1)
+    if kind in SHORTER and ratio % u:
+        raise ExportError(f"{what} by {u} along the free {named.describe(dim)} needs a length "
+                          f"divisible by {u}, which a free size does not promise: give that "
+                          f"dim a size divisible by {u} (opkit export: --shape x=N,C,64,64)")
+    scaled = {**val.scaled, dim: ratio // u if kind in SHORTER else ratio * u}
+    if u == 1:  # every kind is the identity at factor 1
+        return val
+    if ctx.opset < DFT_OPSET:
+        raise ExportError(f"{what} along the free {named.describe(dim)} needs ONNX's DFT, "
+                          f"which opset {ctx.opset} lacks: pass opset={DFT_OPSET} or newer (opkit "
+                          f"export: --opset {DFT_OPSET}), or give that dim a size "
+                          "(--shape x=N,C,64,64)")
+    ref = val.ref if ctx.compute == WIDE else em.cast(val.ref, WIDE)
+    ref = _dft_resample(em, ref, val.names.index(dim), len(val.names), kind, u, ctx.opset)
+    return replace(val, ref=ref if ctx.compute == WIDE else em.cast(ref), scaled=scaled)
+
+
+def _dft_resample(em, ref, axis: int, rank: int, kind: str, u: int, opset: int):
+    """opkit's resample() along `axis` of a real float64 tensor of any length: the one-sided
+    spectrum (a real DFT), cut to the output's bins or left for the inverse to zero-pad, each
+    bin weighted as the inverse real DFT of the output's length weighs it (and resample()'s
+    Nyquist factor and scale), then that inverse's real part. The inverse is a forward DFT of
+    the conjugate spectrum: onnxruntime's inverse DFT loses float64's precision at lengths
+    other than powers of 2."""
+    lead = rank == 1  # onnxruntime reads a 2-d signal as (batch, samples)
+    if lead:
+        ref, axis, rank = em.op("Unsqueeze", ref, em.ints([0])), 1, 2
+    n = em.op("Shape", ref, start=axis, end=axis + 1)
+    n_out = em.op("Div" if kind in SHORTER else "Mul", n, em.ints([u]))
+    spectrum = _dft(em, em.op("Unsqueeze", ref, em.ints([rank])), n, axis, opset, onesided=1)
+    bins = em.op("Add", em.op("Div", n_out if kind in SHORTER else n, em.ints([2])), em.ints([1]))
+    if kind in SHORTER:  # the output's bins only (the inverse real DFT reads no others)
+        spectrum = em.op("Slice", spectrum, em.ints([0]), bins, em.ints([axis]))
+    weights = _bin_weights(em, kind, u, bins, n, n_out)
+    # [bins] -> [bins, 1, ..., 2]: w on the real part, -w on the imaginary (the conjugate)
+    weights = em.op("Unsqueeze", weights, em.ints(range(1, rank - axis + 1)))
+    weights = em.op("Mul", weights, em.const(np.array([1.0, -1.0], WIDE)))
+    signal = _dft(em, em.op("Mul", spectrum, weights), n_out, axis, opset)
+    ref = em.op("Gather", signal, em.const(np.array(0, np.int64)), axis=-1)  # the real part
+    return em.op("Squeeze", ref, em.ints([0])) if lead else ref
+
+
+def _scalar_int(em, ref):
+    return em.op("Reshape", ref, em.ints([]))
+
+
+def _dft(em, ref, length, axis: int, opset: int, onesided: int = 0):
+    """A forward DFT of `length` (a 1-element tensor) along `axis`: the axis is an attribute
+    before opset 20, an input from then on."""
+    length = _scalar_int(em, length)
+    if opset >= 20:
+        return em.op("DFT", ref, length, em.const(np.array(axis, np.int64)), onesided=onesided)
+    return em.op("DFT", ref, length, axis=axis, onesided=onesided)
+
+
+def _bin_weights(em, kind: str, u: int, bins, n, n_out):
+    """Each kept bin's weight in the inverse real DFT of length n_out, with resample()'s
+    Nyquist factor and its scale, over n_out (the inverse's normalisation):
+
+    - bin 0 counts once, every other bin twice (for itself and its conjugate);
+    - upsampling halves an even input's Nyquist bin (0.5, split between +n/2 and -n/2): once;
+    - downsampling doubles an even output's Nyquist bin (2, the two halves summed), where the
+      inverse counts it once: twice, as the others;
+    - the adjoint of upsampling is an inverse real DFT as it is: an even output's Nyquist bin
+      counts once; the adjoint of downsampling pads, so no bin is a Nyquist bin."""
+    _, _, scale = _FOURIER[kind]
+    k = em.op("Range", em.const(np.array(0, np.int64)), _scalar_int(em, bins),
+              em.const(np.array(1, np.int64)))
+    once = em.op("Equal", k, em.const(np.array(0, np.int64)))
+    nyquist_of = {"up": n, "up_T": n_out}.get(kind)
+    if nyquist_of is not None:
+        twice_k = em.op("Mul", k, em.const(np.array(2, np.int64)))
+        once = em.op("Or", once, em.op("Equal", twice_k, nyquist_of))
+    unit = em.op("Div", em.const(np.array(scale(u), WIDE)), em.cast(n_out, WIDE))
+    return em.op("Where", once, unit, em.op("Mul", unit, em.const(np.array(2.0, WIDE))))
 
 
 def _mean_axes(val: Val, keep):
@@ -235,13 +333,13 @@ def _share(em, node, args, ctx) -> Val:
         count = int(np.prod(sizes))
         ref = em.op("Div", val.ref, em.scalar(count)) if count else \
             em.op("Mul", val.ref, em.scalar(0.0))
-        return Val(ref, val.names, val.resized)
+        return replace(val, ref=ref)
     count = em.cast(em.op("ReduceProd", em.op("Concat", *[em.dim_size(d) for d in node.params[0]],
                                                 axis=0), keepdims=0))
     zero = em.scalar(0.0)
     ref = em.op("Where", em.op("Equal", count, zero), em.op("Mul", val.ref, zero),
                 em.op("Div", val.ref, count))
-    return Val(ref, val.names, val.resized)
+    return replace(val, ref=ref)
 
 
 def _logical(em, val: Val, dims, ctx):

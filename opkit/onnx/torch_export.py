@@ -99,7 +99,7 @@ def symbolic(op):
                                   "of the traced call, got a value computed in the model")
             attrs[a.name] = bool(value) if a.type == "bool" else value
         stand = Stand(op, shapes, attrs, layout, "float32", False)
-        graph, ctx, names = prepare(op, stand)
+        graph, ctx, names = prepare(op, stand, opset=g.opset)
         ctx.static = dict(stand.bound.attrs)
         em = TorchEmitter(ctx, stand, g, inputs)
         refs = [ref for _, ref in lower_outputs(graph, em, stand, ctx, names)]
