@@ -479,3 +479,66 @@ def test_in_place_float16_allocates_nothing_the_size_of_the_tensor(lr, layout):
         tracemalloc.stop()
     assert peak < x.nbytes // 16, peak  # 8 MiB tensor: kilobytes of bookkeeping only
     np.testing.assert_array_equal(x, want)
+
+
+THREADED = """\
+name: trust_threads
+inputs:
+  x: {dtypes: [float16, float32, float64], layouts: [NCHW, NHWC]}
+  b: {dtypes: [float16, float32, float64], shape: [C]}
+attrs:
+  k: {type: float, default: 0.5}
+outputs:
+  y: {like: x}
+forward:
+  y: tanh(x + b) * k
+"""
+
+
+def test_calls_from_many_threads_build_once_and_never_mix(tmp_path, monkeypatch):
+    """Eight threads call a new operator at once (its first call builds it: once, the others
+    wait), each under a precision setting of its own, through the direct and the checked call,
+    with out= and without, forward and backward, while one registers another operator: every
+    result is its own call's."""
+    import concurrent.futures
+    import threading
+
+    from opkit.builder import compile as compile_stage
+    builds, real = [], compile_stage._compile
+    monkeypatch.setattr(compile_stage, "_compile", lambda name, *a, **k: builds.append(name) or real(name, *a, **k))
+    opkit.load(write_op(tmp_path / "ops", THREADED))
+    op, lr_op = opkit.ops.trust_threads, opkit.get("leaky_relu")
+    start = threading.Barrier(8)
+
+    def work(i):
+        rng = np.random.default_rng(i)
+        layout = ("NCHW", "NHWC")[i % 2]
+        x = rng.standard_normal((2, 3, 5, 4) if layout == "NCHW" else (2, 5, 4, 3))
+        b = rng.standard_normal(3)
+        bb = b.reshape((1, 3, 1, 1) if layout == "NCHW" else (1, 1, 1, 3))
+        mode = ("force_fp16", "must_keep_origin_dtype")[i % 2]
+        start.wait()
+        if i == 7:  # a declaration registered while the others call
+            opkit.load(write_op(tmp_path / "late", THREADED.replace("trust_threads", "trust_threads_late")))
+        with opkit.config(precision_mode=mode):
+            for _ in range(20):
+                y = op(x, b, k=i, layout=layout)
+                out = np.empty(x.shape[::-1]).T   # a fused layout conversion into another order
+                op(x, b, k=i, layout=layout, out=out, precision_mode="must_keep_origin_dtype")
+                dx, db = op.backward(np.ones_like(x), x, b, k=i, layout=layout)
+                lr = lr_op(x, alpha=i / 10)
+        want = np.tanh(x + bb) * i
+        tol = 2e-3 if mode == "force_fp16" else 1e-13
+        assert y.dtype == dx.dtype == (np.float16 if mode == "force_fp16" else np.float64)
+        np.testing.assert_allclose(y, want, rtol=tol, atol=tol * i)
+        np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13 * i)
+        grad = i * (1 - np.tanh(x + bb) ** 2)
+        np.testing.assert_allclose(dx, grad, rtol=tol * 10, atol=tol * i)
+        np.testing.assert_allclose(db, grad.sum(axis=(0, 2, 3) if layout == "NCHW" else (0, 1, 2)),
+                                   rtol=tol * 10, atol=tol * 40 * i)  # (a sum of 40 terms)
+        np.testing.assert_allclose(lr, leaky(x, i / 10), rtol=tol)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(work, range(8)))
+    assert "trust_threads" in builds and len(builds) == len(set(builds))  # each built once at most
+    assert "trust_threads_late" in opkit.list_ops()
