@@ -459,6 +459,37 @@ def test_gradient_of_per_channel_input_sums_over_the_other_dims(layout, x_shape,
     np.testing.assert_allclose(grads["x"], np.where(x > 0, dy, dy * bb), rtol=1e-14)
 
 
+@pytest.mark.parametrize("text", ["where(x > 0, log(c), 0)", "where(x > s, log(c), 0)",
+                                  "clamp(x, pi / z, s + 1 / c)", "clamp(x - z, log(c), s)"])
+def test_a_broadcast_branch_not_taken_sends_no_infinite_slope(text):
+    """A branch of a per-channel (c) or positionally broadcast (s) value, not taken anywhere in
+    a channel: its infinite slope (log at 0, pi / z at 0) never reaches the gradient, not even
+    as a sum of zeros times inf (the flow is applied per element, then summed)."""
+    spec, g = graphs_of(text, inputs=(
+        ("x", "{dtypes: [float64], layouts: [NCHW, NHWC]}"),
+        ("z", "{dtypes: [float64], layouts: [NCHW, NHWC]}"),
+        ("c", "{dtypes: [float64], shape: [C]}"), ("s", "{dtypes: [float64]}")))
+    x = np.array([-1.0, -2.0, -0.5, -3.0]).reshape(1, 2, 2, 1)   # NHWC, C = 1
+    z = np.array([0.0, 0.0, 1.0, 2.0]).reshape(1, 2, 2, 1)
+    c, s = np.array([0.0]), np.array(2.0)
+    dy = np.array([1.0, -2.0, 0.5, 3.0]).reshape(1, 2, 2, 1)
+    with np.errstate(all="ignore"):
+        y, _ = run_forward(spec, g, {"x": x, "z": z, "c": c, "s": s}, layout="NHWC")
+        grads = run_backward(spec, g, {"x": x, "z": z, "c": c, "s": s}, {"y": dy}, layout="NHWC")
+    torch = pytest.importorskip("torch")
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in (("x", x), ("z", z), ("c", c), ("s", s))}
+    # PyTorch's value; its gradients with the branch not taken cut off by hand (PyTorch's
+    # own give 0 * inf = nan there)
+    ref = {"where(x > 0, log(c), 0)": lambda: torch.where(t["x"] > 0, torch.log(t["c"]), 0.0),
+           "where(x > s, log(c), 0)": lambda: torch.where(t["x"] > t["s"], torch.log(t["c"]), 0.0),
+           "clamp(x, pi / z, s + 1 / c)": lambda: torch.clamp(t["x"], math.pi / t["z"], t["s"] + 1 / t["c"]),
+           "clamp(x - z, log(c), s)": lambda: torch.clamp(t["x"] - t["z"], torch.log(t["c"]), t["s"])}[text]()
+    np.testing.assert_array_equal(y["y"], ref.detach().numpy())
+    for name, grad in grads.items():
+        assert np.isfinite(grad).all(), (name, grad)
+    np.testing.assert_array_equal(grads["c"], [0.0])   # no branch of c is taken anywhere
+
+
 # ------------------------------------------------------------------------------------ simplification
 
 def test_leaky_relu_backward_simplifies():

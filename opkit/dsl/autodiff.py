@@ -58,7 +58,7 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
                 given = Cotangent(g_arg.value, _extend(c.flow, g_arg.cond), False)
             else:  # passed on as it is (a sum, a difference) it stays exact; a product does not
                 given = Cotangent(g_arg, c.flow, c.exact and g_arg in (c.value, neg(c.value)))
-            if arg.dims is not None:
+            if arg.dims is not None and (given.exact or _sums_linearly(arg)):
                 dims = _dims([given.value, *given.flow])
                 if dims is None or set(dims) - set(arg.dims):
                     # the argument was broadcast here: sum its cotangent back to its own dims
@@ -68,6 +68,18 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
     return [sum_to(applied(combine(list(terms[id(x)].values()))) if id(x) in terms
                    else const(0.0), x)
             for x in wrt]
+
+
+def _sums_linearly(node: Node, depth: int = 8) -> bool:
+    """Whether every derivative factor between `node` and the inputs is 1 or -1 (an input, or
+    sums and negations of inputs and constants). Only then may a cotangent whose flow is still
+    pending be summed over broadcast dims first: a factor upstream (1 / c at c == 0) must
+    multiply each element before the flow is applied, never a sum of zeros (0 * inf); the final
+    sum_to reduces such a cotangent instead."""
+    if node.op in ("input", "attr", "const"):
+        return True
+    return depth > 0 and node.op in ("add", "sub", "neg") and \
+        all(_sums_linearly(a, depth - 1) for a in node.args)
 
 
 # A flow keeps at most this many conditions apart (each becomes a select when the flow is
