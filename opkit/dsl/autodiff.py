@@ -58,7 +58,8 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
                 given = Cotangent(g_arg.value, _extend(c.flow, g_arg.cond), False)
             else:  # passed on as it is (a sum, a difference) it stays exact; a product does not
                 given = Cotangent(g_arg, c.flow, c.exact and g_arg in (c.value, neg(c.value)))
-            if arg.dims is not None and (given.exact or _sums_linearly(arg)):
+            if arg.dims is not None and (not given.flow or given.exact or arg.op in LIBRARY
+                                         or _sums_linearly(arg)):
                 dims = _dims([given.value, *given.flow])
                 if dims is None or set(dims) - set(arg.dims):
                     # the argument was broadcast here: sum its cotangent back to its own dims
@@ -70,16 +71,36 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
             for x in wrt]
 
 
+# primitives whose derivative is bounded wherever their argument is finite or infinite (a
+# select, a sum, a saturating curve), and those that only pick or negate
+_BOUNDED = frozenset(("add", "sub", "neg", "where", "min", "max", "clamp", "abs", "floor", "ceil",
+                      "round", "sign", "sigmoid", "tanh", "erf", "erfc", "sin", "cos"))
+
+
 def _sums_linearly(node: Node, depth: int = 8) -> bool:
-    """Whether every derivative factor between `node` and the inputs is 1 or -1 (an input, or
-    sums and negations of inputs and constants). Only then may a cotangent whose flow is still
-    pending be summed over broadcast dims first: a factor upstream (1 / c at c == 0) must
-    multiply each element before the flow is applied, never a sum of zeros (0 * inf); the final
-    sum_to reduces such a cotangent instead."""
-    if node.op in ("input", "attr", "const"):
+    """Whether every derivative factor between `node` and the inputs is bounded: an input, or
+    what _BOUNDED computes from such values, or one scaled by a value of attrs and constants
+    alone (a per-call number). Only then (or with no flow pending, or for a library call's
+    result, which takes its cotangent in its own dims) may a cotangent whose flow is still
+    pending be summed over broadcast dims first: an unbounded factor upstream (1 / c at c == 0)
+    must multiply each element before the flow is applied, never a sum of zeros (0 * inf); the
+    final sum_to reduces such a cotangent instead."""
+    if node.op in ("input", "attr", "const") or node.op in LIBRARY:
+        return True  # (a library call takes its cotangent summed to its own dims anyway)
+    if depth <= 0:
+        return False
+    floats = [a for a in node.args if a.kind == "float"]
+    if node.op == "mul":
+        return any(_per_call(a) for a in floats) and all(_sums_linearly(a, depth - 1) for a in floats)
+    return node.op in _BOUNDED and all(_sums_linearly(a, depth - 1) for a in floats)
+
+
+def _per_call(node: Node, depth: int = 8) -> bool:
+    """A value of attrs and constants alone (one number per call)."""
+    if node.op in ("attr", "const"):
         return True
-    return depth > 0 and node.op in ("add", "sub", "neg") and \
-        all(_sums_linearly(a, depth - 1) for a in node.args)
+    return depth > 0 and node.op != "input" and bool(node.args) and \
+        all(_per_call(a, depth - 1) for a in node.args)
 
 
 # A flow keeps at most this many conditions apart (each becomes a select when the flow is
