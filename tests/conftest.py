@@ -1,8 +1,20 @@
-"""Shared fixtures. Kernels are compiled into one cache for the whole run: OPKIT_CACHE_DIR when
-the environment sets it (CI points it at a temporary folder), otherwise a fresh temporary folder.
-Tests that exercise the cache itself use folders of their own."""
+"""Shared fixtures, markers, Hypothesis profiles and the summary of what was skipped.
+
+Kernels are compiled into one cache for the whole run: OPKIT_CACHE_DIR when the environment sets
+it (CI points it at the cache its `pip install .` and `opkit build` filled), otherwise a fresh
+temporary folder. The run's pytest-xdist workers inherit it from the controller, so an operator
+is compiled once per run whichever worker asks first (the cache's file locks make the others
+wait). Tests that exercise the cache itself use folders of their own (`own_cache`, seeded with
+the run's runtime object, and `empty_cache`).
+
+Markers (tests/README.md): `build` (compiles kernels: every module outside FRONT_END), `slow`
+(over about ten seconds), `system` (runs other processes: the command line, pip, wheels, DDP).
+`OPKIT_HYPOTHESIS=dev` runs the property tests longer than the `ci` profile.
+"""
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -25,10 +37,73 @@ FRONT_END = {"test_spec", "test_dsl", "test_lower_codegen", "test_architecture",
              "test_onnx_lowering", "test_deploy_units"}
 
 
+# Modules whose tests run other processes (the command line, pip, compilers killed on purpose,
+# wheels, two-process DDP): marked `system`.
+SYSTEM = {"test_api_cli", "test_build_cache", "test_deploy_wheels", "test_packaging",
+          "test_reliability_cache", "test_reliability_cli", "test_reliability_compiler",
+          "test_torch_distributed", "test_torch_optional"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__ not in FRONT_END:
             item.add_marker(pytest.mark.build)
+        if item.module.__name__ in SYSTEM:
+            item.add_marker(pytest.mark.system)
+
+
+# ------------------------------------------------------------------ Hypothesis profiles
+
+try:
+    from hypothesis import HealthCheck, settings as _hypothesis
+
+    # ci: bounded and reproducible (derandomized: the same examples every run); dev: five times
+    # the examples, a fresh draw each run
+    _hypothesis.register_profile("ci", deadline=None, derandomize=True, database=None,
+                                 suppress_health_check=list(HealthCheck))
+    _hypothesis.register_profile("dev", deadline=None, suppress_health_check=list(HealthCheck))
+    HYPOTHESIS_PROFILE = os.environ.get("OPKIT_HYPOTHESIS", "ci")
+    _hypothesis.load_profile(HYPOTHESIS_PROFILE)
+except ImportError:  # pragma: no cover - hypothesis is a test extra
+    HYPOTHESIS_PROFILE = "ci"
+
+
+def examples(n: int) -> int:
+    """A property test's example count: `n` under the ci profile, 5 n under dev."""
+    return n * 5 if HYPOTHESIS_PROFILE == "dev" else n
+
+
+# ------------------------------------------------------------------ what was skipped, and why
+
+# an optional dependency's module -> the command that installs it
+INSTALL = {"torch": "pip install torch==2.13.0", "onnx": "pip install onnx onnxruntime",
+           "onnxruntime": "pip install onnx onnxruntime", "scipy": "pip install scipy",
+           "sklearn": "pip install scikit-learn", "matplotlib": "pip install matplotlib",
+           "ml_dtypes": "pip install ml_dtypes", "hypothesis": "pip install hypothesis"}
+_MISSING = re.compile(r"(?:could not import|No module named) '([\w.]+)'")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per missing optional dependency (how many tests it skipped, how to install it),
+    and one per other reason, so no test is skipped in silence."""
+    missing, other = {}, {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        m = _MISSING.search(reason)
+        if m:
+            top = m.group(1).split(".")[0]
+            missing[top] = missing.get(top, 0) + 1
+        else:
+            reason = reason.removeprefix("Skipped: ")
+            other[reason] = other.get(reason, 0) + 1
+    if not missing and not other:
+        return
+    terminalreporter.section("skipped")
+    for module, count in sorted(missing.items()):
+        terminalreporter.write_line(f"{module}: {count} tests skipped; "
+                                    f"{INSTALL.get(module, f'pip install {module}')}")
+    for reason, count in sorted(other.items()):
+        terminalreporter.write_line(f"{count} tests skipped: {reason}")
 
 
 @pytest.fixture(autouse=True)
@@ -46,12 +121,29 @@ def repo() -> Path:
     return REPO
 
 
+@pytest.fixture(scope="session")
+def runtime_entry() -> Path:
+    """The run cache's entry of the kernel runtime object for the native toolchain (compiled
+    once per toolchain, linked into every module; opkit/builder/runtime.py)."""
+    from opkit.builder import toolchain
+    from opkit.builder.runtime import runtime_object
+    return runtime_object(toolchain(), 600).parent
+
+
 @pytest.fixture
-def own_cache(tmp_path, monkeypatch) -> Path:
-    """A private, empty build cache for one test."""
+def empty_cache(tmp_path, monkeypatch) -> Path:
+    """A private, empty build cache for one test (the runtime object too is compiled in it)."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("OPKIT_CACHE_DIR", str(cache))
     return cache
+
+
+@pytest.fixture
+def own_cache(empty_cache, runtime_entry) -> Path:
+    """A private build cache for one test, holding only the run's runtime object: modules
+    compile and link as in an empty cache, without compiling the runtime again."""
+    shutil.copytree(runtime_entry, empty_cache / runtime_entry.name)
+    return empty_cache
 
 
 def write_op(folder: Path, text: str, name: str = "op.yaml") -> Path:

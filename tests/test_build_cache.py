@@ -233,47 +233,47 @@ def _runtimes(cache: Path):
     return sorted(p.name for p in cache.iterdir() if p.name.startswith("opk_runtime-"))
 
 
-def test_the_runtime_is_compiled_once_and_linked_into_each_module(own_cache, tmp_path):
+def test_the_runtime_is_compiled_once_and_linked_into_each_module(empty_cache, tmp_path):
     """The header's walk is compiled once per toolchain into the cache and linked into every
     module: two operators, one runtime object; the modules keep its symbols to themselves and
     still run after the object is gone; `opkit clean` removes it."""
     twice = make_op(write_op(tmp_path / "a", TWICE))
     thrice = make_op(write_op(tmp_path / "b", TWICE.replace("twice", "thrice").replace("x * 2", "x * 3")))
     first = twice.build(isa="portable")
-    runtimes = _runtimes(own_cache)
-    assert len(runtimes) == 1 and (own_cache / runtimes[0] / "opk_runtime.o").is_file()
-    obj = own_cache / runtimes[0] / "opk_runtime.o"
+    runtimes = _runtimes(empty_cache)
+    assert len(runtimes) == 1 and (empty_cache / runtimes[0] / "opk_runtime.o").is_file()
+    obj = empty_cache / runtimes[0] / "opk_runtime.o"
     stamp = obj.stat().st_mtime_ns
     thrice.build(isa="portable")
-    assert _runtimes(own_cache) == runtimes and obj.stat().st_mtime_ns == stamp
+    assert _runtimes(empty_cache) == runtimes and obj.stat().st_mtime_ns == stamp
     nm = shutil.which("nm")
     if nm:
         exported = subprocess.run([nm, "-D", "--defined-only", str(first.so_path)],
                                   capture_output=True, text=True).stdout
         assert "opk_walk" not in exported and "opk_run" not in exported
-    shutil.rmtree(own_cache / runtimes[0])
+    shutil.rmtree(empty_cache / runtimes[0])
     x = np.linspace(-3, 3, 1001)
     np.testing.assert_array_equal(twice(x), x * 2)          # walked by the linked runtime
     np.testing.assert_array_equal(thrice(x[::3]), x[::3] * 3)
-    assert clean() >= 1 and _runtimes(own_cache) == []
+    assert clean() >= 1 and _runtimes(empty_cache) == []
 
 
-def test_a_runtime_that_does_not_compile_is_reported(own_cache, tmp_path, monkeypatch):
+def test_a_runtime_that_does_not_compile_is_reported(empty_cache, tmp_path, monkeypatch):
     from opkit.builder import runtime
     monkeypatch.setattr(runtime, "runtime_source", lambda: "#error the runtime is broken\n")
     with pytest.raises(BuildError, match="kernel runtime") as err:
         make_op(write_op(tmp_path / "a", TWICE)).build(isa="portable")
     assert "the runtime is broken" in str(err.value)
-    assert _runtimes(own_cache) == [] and entries(own_cache) == []
-    assert not [p for p in own_cache.iterdir() if p.name.startswith(".tmp-")]
+    assert _runtimes(empty_cache) == [] and entries(empty_cache) == []
+    assert not [p for p in empty_cache.iterdir() if p.name.startswith(".tmp-")]
 
 
-def test_a_damaged_runtime_object_is_compiled_again(own_cache, tmp_path):
+def test_a_damaged_runtime_object_is_compiled_again(empty_cache, tmp_path):
     """The runtime object is checked against the size and sha256 recorded when it was built,
     as a module is: a damaged one is never linked, it is compiled again."""
     make_op(write_op(tmp_path / "a", TWICE)).build(isa="portable")
-    runtime, = _runtimes(own_cache)
-    obj = own_cache / runtime / "opk_runtime.o"
+    runtime, = _runtimes(empty_cache)
+    obj = empty_cache / runtime / "opk_runtime.o"
     good = obj.read_bytes()
     obj.write_bytes(good[: len(good) // 2])
     thrice = make_op(write_op(tmp_path / "b", TWICE.replace("twice", "thrice").replace("x * 2", "x * 3")))

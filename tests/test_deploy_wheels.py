@@ -16,6 +16,9 @@ import pytest
 
 from conftest import REPO, write_op
 
+# pip builds the repository in place (its build/ folder): one worker builds at a time
+pytestmark = pytest.mark.xdist_group("repo_build")
+
 USER_OP = textwrap.dedent("""\
     name: softsign_gain
     summary: y = gain * x / (1 + |x|)

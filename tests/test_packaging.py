@@ -8,6 +8,9 @@ import pytest
 
 from conftest import REPO
 
+# pip builds the repository in place (its build/ folder): one worker builds at a time
+pytestmark = pytest.mark.xdist_group("repo_build")
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):

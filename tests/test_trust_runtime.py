@@ -4,11 +4,11 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import opkit
-from conftest import write_op
+from conftest import examples, write_op
 
 
 def leaky(x, alpha=0.2):
@@ -362,7 +362,7 @@ def _check_agreement(op, arrays, kwargs, out_kind):
 _SHAPES = [(), (0,), (1,), (5,), (2, 3), (3, 1, 4)]
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(500))
 @given(data=st.data())
 def test_direct_and_checked_calls_agree_on_attrs(fuzz_ops, data):
     """Plain arrays; attrs of every kind: in and out of range, NaN, inf, huge, tiny, wrong types."""
@@ -378,7 +378,7 @@ def test_direct_and_checked_calls_agree_on_attrs(fuzz_ops, data):
     _check_agreement(op, arrays, kwargs, data.draw(st.sampled_from(["none", "fresh"])))
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(500))
 @given(data=st.data())
 def test_direct_and_checked_calls_agree_on_arrays(fuzz_ops, data):
     """Default attrs; arrays of every dtype, byte order, alignment, stride pattern and
@@ -408,7 +408,7 @@ def _same_grads(a, b):
                     for x, y in zip(a, b)))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400))
 @given(data=st.data())
 def test_direct_and_checked_backward_calls_agree(fuzz_ops, data):
     """backward(dy, ...): the direct call (plain same-shape arrays) against the checked call

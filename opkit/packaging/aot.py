@@ -1,4 +1,4 @@
-"""Modules built ahead of time: compile operators for a list of ISAs into a private cache and
+"""Modules built ahead of time: build operators for a list of ISAs through the build cache and
 copy the entries into a folder a wheel ships (read-only; the runtime searches it after the
 user's cache, see opkit/builder/compile.py `_shipped`).
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, List, Sequence, Tuple
 
 from ..backend import blas
+from ..builder import cache
 from ..errors import FusionWarning
 
 # what an entry folder of a wheel keeps: the module, its source and its record
@@ -53,30 +54,46 @@ def parse_isas(text: str) -> Tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _private_cache():
-    old = os.environ.get("OPKIT_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="opkit-aot-") as tmp:
-        os.environ["OPKIT_CACHE_DIR"] = tmp
-        try:
-            yield Path(tmp)
-        finally:
-            if old is None:
-                os.environ.pop("OPKIT_CACHE_DIR", None)
+def _build_cache():
+    """Where the modules are compiled: the user's cache, so a module built once (by an earlier
+    install, `opkit build` or a first call) is not compiled again, and what this build compiles
+    serves later calls; a private one where the user's cache cannot be written. Shipped folders
+    are never a source (OPKIT_PREBUILT=0): the folder being filled may be one of them."""
+    old = {k: os.environ.get(k) for k in ("OPKIT_CACHE_DIR", "OPKIT_PREBUILT")}
+    os.environ["OPKIT_PREBUILT"] = "0"
+    try:
+        with tempfile.TemporaryDirectory(prefix="opkit-aot-") as tmp:
+            if not _writable(cache.cache_root()):
+                os.environ["OPKIT_CACHE_DIR"] = tmp
+            yield cache.cache_root()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
             else:
-                os.environ["OPKIT_CACHE_DIR"] = old
+                os.environ[k] = v
+
+
+def _writable(root: Path) -> bool:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            return True
+    except OSError:
+        return False
 
 
 def build_ahead(ops: Sequence, out: Path, isas: Iterable[str], jobs: int = 0,
                 report=print) -> List[str]:
-    """Compile every operator for every ISA (in a private cache, so nothing is taken from
-    elsewhere) and copy the entries into `out`; returns the entry names. An operator with fused
-    calls is built twice where SciPy is here: with its BLAS and without (what a process without
-    SciPy renders), so the shipped modules serve both."""
+    """Build every operator for every ISA (through the cache: `_build_cache`) and copy the
+    entries into `out`; returns the entry names. An operator with fused calls is built twice
+    where SciPy is here: with its BLAS and without (what a process without SciPy renders), so
+    the shipped modules serve both."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     isas = tuple(isas)
     names: List[str] = []
-    with _private_cache():
+    with _build_cache():
         names += _build_into(out, [(op, isa) for isa in isas for op in ops], jobs, report)
         if blas() is not None:
             work = [(op, isa) for isa in isas for op in ops if _blas_in_source(op, isa)]
@@ -109,8 +126,9 @@ def _without_blas():
 def _build_into(out: Path, work, jobs: int, report, label: str = "") -> List[str]:
     def one(item):
         op, isa = item
-        result = op.build(force=True, isa=isa)
-        report(f"  {op.name} [{isa}]{label}: compiled in {result.seconds:.1f}s")
+        result = op.build(isa=isa)
+        report(f"  {op.name} [{isa}]{label}: " + ("in the cache" if result.cached else
+                                                  f"compiled in {result.seconds:.1f}s"))
         return result
     names = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
