@@ -44,6 +44,14 @@ SYSTEM = {"test_api_cli", "test_build_cache", "test_deploy_wheels", "test_packag
           "test_torch_distributed", "test_torch_optional"}
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: every core, but one process for the front end alone (`-m "not build"`), where
+    starting workers (each importing and collecting the suite) costs more than it saves."""
+    if (config.option.markexpr or "").replace(" ", "") == "notbuild":
+        return 0
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__ not in FRONT_END:
@@ -144,6 +152,16 @@ def own_cache(empty_cache, runtime_entry) -> Path:
     compile and link as in an empty cache, without compiling the runtime again."""
     shutil.copytree(runtime_entry, empty_cache / runtime_entry.name)
     return empty_cache
+
+
+def source_copy(folder: Path) -> Path:
+    """A copy of the repository's sources to build a wheel from: pip builds in place (a
+    build/ folder beside setup.py), and two builds of one folder, or a build's leftovers,
+    would mix."""
+    dest = folder / "opkit-src"
+    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
+    return dest
 
 
 def write_op(folder: Path, text: str, name: str = "op.yaml") -> Path:

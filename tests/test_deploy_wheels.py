@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, write_op
+from conftest import REPO, source_copy, write_op
 
-# pip builds the repository in place (its build/ folder): one worker builds at a time
-pytestmark = pytest.mark.xdist_group("repo_build")
+# the module's tests on one worker: its fixture builds the wheels once
+pytestmark = pytest.mark.xdist_group("deploy_wheels")
 
 USER_OP = textwrap.dedent("""\
     name: softsign_gain
@@ -54,7 +54,7 @@ def installed(tmp_path_factory):
     env = dict(os.environ, OPKIT_AOT="portable", OPKIT_AOT_OPS=",".join(SHIPPED),
                PIP_CONSTRAINT=str(constraints))
     env.pop("OPKIT_PATH", None)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source_copy(root))],
          env=env)
     ops = root / "my_ops"
     write_op(ops, USER_OP, "softsign_gain.yaml")

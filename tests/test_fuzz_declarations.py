@@ -32,7 +32,7 @@ from fuzz_dsl import Call, declaration, evaluate, number  # noqa: E402
 
 EXPRESSIONS = 12          # outputs per operator: one kernel per pass computes them all
 LONG = os.environ.get("OPKIT_FUZZ", "ci") == "long"
-EXAMPLES = int(os.environ.get("OPKIT_FUZZ_EXAMPLES", "200")) if LONG else 5
+EXAMPLES = int(os.environ.get("OPKIT_FUZZ_EXAMPLES", "200")) if LONG else 6
 NOISE = 1e-10             # the reference's stand-in for rounding differently (fuzz_dsl.Reference)
 ILL = 1e-7                # a result moved by more than this (relative) by NOISE is ill-conditioned
 

@@ -6,19 +6,19 @@ import zipfile
 
 import pytest
 
-from conftest import REPO
+from conftest import source_copy
 
-# pip builds the repository in place (its build/ folder): one worker builds at a time
-pytestmark = pytest.mark.xdist_group("repo_build")
+# the module's tests on one worker: its fixture builds the wheels once
+pytestmark = pytest.mark.xdist_group("packaging")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
     # OPKIT_AOT=0: the package alone (tests/test_deploy_wheels.py builds one with kernels)
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                        "-q", "-w", str(out), str(REPO)], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OPKIT_AOT="0"))
+    src = source_copy(tmp_path_factory.mktemp("src"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, OPKIT_AOT="0"))
     assert r.returncode == 0, r.stderr
     wheels = list(out.glob("opkit-*.whl"))
     assert len(wheels) == 1

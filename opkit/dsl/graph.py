@@ -148,11 +148,22 @@ def _bind(spec: OpSpec, section: str, bindings, scope: Dict[str, Node], fixed: D
     return scope
 
 
+_GRAPHS: Dict[Tuple[int, Variant], Tuple[OpSpec, "OpGraphs"]] = {}
+
+
 def build_graphs(spec: OpSpec, variant: Optional[Variant] = None) -> OpGraphs:
     """Parse forward (and backward) expressions; derive the backward graph; check both. An
-    operator with str attrs or optional inputs has several variants (the first by default)."""
-    with ir_scope():
-        return _build(spec, variant if variant is not None else variants(spec)[0])
+    operator with str attrs or optional inputs has several variants (the first by default).
+    Remembered per spec object and variant: the registry, the shape rules and the lowering all
+    ask for the same graphs (the graphs are immutable)."""
+    variant = variant if variant is not None else variants(spec)[0]
+    found = _GRAPHS.get((id(spec), variant))
+    if found is None or found[0] is not spec:
+        if len(_GRAPHS) >= 512:
+            _GRAPHS.clear()
+        with ir_scope():
+            found = _GRAPHS[(id(spec), variant)] = (spec, _build(spec, variant))
+    return found[1]
 
 
 def _absent_used(spec: OpSpec, variant: Variant, roots, section: str, bindings) -> None:
