@@ -17,6 +17,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 
@@ -91,24 +92,52 @@ INSTALL = {"torch": "pip install torch==2.13.0", "onnx": "pip install onnx onnxr
 _MISSING = re.compile(r"(?:could not import|No module named) '([\w.]+)'")
 
 
+def _cases(path: Path) -> Tuple[int, bool]:
+    """The test cases of a test module that could not be imported, counted from its source:
+    each test function times the length of each `parametrize` list written out in place; and
+    whether that is exact (False: some list is computed, so the count is a lower bound)."""
+    import ast
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return 1, False
+    total, exact = 0, True
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            n = 1
+            for d in node.decorator_list:
+                if isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "parametrize":
+                    values = d.args[1] if len(d.args) > 1 else None
+                    if isinstance(values, (ast.List, ast.Tuple)):
+                        n *= max(len(values.elts), 1)
+                    else:
+                        exact = False
+            total += n
+    return max(total, 1), exact
+
+
 def pytest_terminal_summary(terminalreporter):
     """One line per missing optional dependency (how many tests it skipped, how to install it),
-    and one per other reason, so no test is skipped in silence."""
-    missing, other = {}, {}
+    and one per other reason, so no test is skipped in silence. A module skipped whole when
+    it is imported counts its test cases."""
+    missing, other, bound = {}, {}, set()
     for report in terminalreporter.stats.get("skipped", []):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        count, exact = 1, True
+        if isinstance(report, pytest.CollectReport):
+            count, exact = _cases(REPO / report.nodeid.split("::")[0])
         m = _MISSING.search(reason)
-        if m:
-            top = m.group(1).split(".")[0]
-            missing[top] = missing.get(top, 0) + 1
-        else:
-            reason = reason.removeprefix("Skipped: ")
-            other[reason] = other.get(reason, 0) + 1
+        key = m.group(1).split(".")[0] if m else reason.removeprefix("Skipped: ")
+        table = missing if m else other
+        table[key] = table.get(key, 0) + count
+        if not exact:
+            bound.add(key)
     if not missing and not other:
         return
     terminalreporter.section("skipped")
     for module, count in sorted(missing.items()):
-        terminalreporter.write_line(f"{module}: {count} tests skipped; "
+        at_least = "at least " if module in bound else ""
+        terminalreporter.write_line(f"{module}: {at_least}{count} tests skipped; "
                                     f"{INSTALL.get(module, f'pip install {module}')}")
     for reason, count in sorted(other.items()):
         terminalreporter.write_line(f"{count} tests skipped: {reason}")

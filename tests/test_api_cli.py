@@ -109,6 +109,7 @@ def test_broken_file_on_opkit_path_warns(tmp_path):
     assert "was not loaded" in r.stderr and "op.yaml:2" in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_build_list_show_validate_clean(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OPKIT_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["build", "-q", str(EXAMPLES)]) == 0

@@ -55,6 +55,7 @@ def test_miss_then_hit(own_cache, tmp_path):
     assert again.build().cached
 
 
+@pytest.mark.slow
 def test_key_follows_what_changes_the_module(own_cache, tmp_path, monkeypatch):
     base = make_op(write_op(tmp_path / "a", TWICE)).build(isa="portable")
     # spacing and comments that leave every line where it was: the same module
@@ -233,6 +234,7 @@ def _runtimes(cache: Path):
     return sorted(p.name for p in cache.iterdir() if p.name.startswith("opk_runtime-"))
 
 
+@pytest.mark.slow
 def test_the_runtime_is_compiled_once_and_linked_into_each_module(empty_cache, tmp_path):
     """The header's walk is compiled once per toolchain into the cache and linked into every
     module: two operators, one runtime object; the modules keep its symbols to themselves and
@@ -268,6 +270,7 @@ def test_a_runtime_that_does_not_compile_is_reported(empty_cache, tmp_path, monk
     assert not [p for p in empty_cache.iterdir() if p.name.startswith(".tmp-")]
 
 
+@pytest.mark.slow
 def test_a_damaged_runtime_object_is_compiled_again(empty_cache, tmp_path):
     """The runtime object is checked against the size and sha256 recorded when it was built,
     as a module is: a damaged one is never linked, it is compiled again."""

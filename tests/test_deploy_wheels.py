@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, source_copy, write_op
 
 # the module's tests on one worker: its fixture builds the wheels once
-pytestmark = pytest.mark.xdist_group("deploy_wheels")
+pytestmark = [pytest.mark.xdist_group("deploy_wheels"), pytest.mark.slow]
 
 USER_OP = textwrap.dedent("""\
     name: softsign_gain

@@ -674,6 +674,7 @@ def test_deep_nesting_is_a_located_error():
         graphs_of("max(" * 300 + "x" + ", 1)" * 300)
 
 
+@pytest.mark.slow
 def test_ten_thousand_lines_of_selects():
     """A chain through 10,000 temporaries: parse, derive, print, hash and evaluate without
     recursion, against a forward-mode derivative computed by a NumPy loop."""

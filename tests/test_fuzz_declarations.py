@@ -160,6 +160,7 @@ def _summary():
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, database=None,
           phases=list(Phase) if LONG else [Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck), print_blob=True)
+@pytest.mark.slow
 @given(case=operators(), data=st.data())
 def test_random_declarations_match_pytorch(case, data, tmp_path_factory):
     family, trees = case

@@ -95,6 +95,7 @@ def test_classifier_is_trained_once_then_loaded(tmp_path, monkeypatch):
     assert not any(p.requires_grad for p in second.parameters()) and not second.training
 
 
+@pytest.mark.slow
 def test_the_digits_classifier_separates_the_digits():
     model, acc = digits.classifier(**SILENT)  # the run's cache: trained at most once per cache
     assert acc > 0.9

@@ -9,7 +9,7 @@ import pytest
 from conftest import source_copy
 
 # the module's tests on one worker: its fixture builds the wheels once
-pytestmark = pytest.mark.xdist_group("packaging")
+pytestmark = [pytest.mark.xdist_group("packaging"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ def test_readme_tutorial_runs_as_written(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_show_validate_bench_find_operators_by_path(tmp_path):
     ops = tmp_path / "my_ops"
     write_op(ops, TWICE, "twice.yaml")

@@ -43,6 +43,7 @@ def _run(args, env, cwd=None):
                           cwd=cwd, timeout=600)
 
 
+@pytest.mark.slow
 def test_no_compiler_serves_what_the_cache_holds(tmp_path):
     cache = tmp_path / "cache"
     ops, other = tmp_path / "ops", tmp_path / "other"

@@ -49,6 +49,7 @@ def _run(model, x, z):
     return y, [p.grad.clone() for p in model.parameters()]
 
 
+@pytest.mark.slow
 def test_a_model_of_opkit_operators_compiles_to_one_graph(inductor_cache):
     torch.manual_seed(0)
     model = Block()

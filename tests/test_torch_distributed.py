@@ -87,6 +87,7 @@ CC = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see who waits at the lock")
 def test_ddp_on_two_processes_shares_one_kernel_cache(tmp_path):
     steps = 3

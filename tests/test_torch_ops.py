@@ -349,6 +349,7 @@ def _twice(folder, name, k=2.0, inplace=True):
     return write_op(folder, TWICE.format(name=name, k=k, schedule=schedule), f"{name}.yaml")
 
 
+@pytest.mark.slow
 def test_an_operators_own_name_wins_over_another_operators_variants(tmp_path):
     x = torch.ones(3)
     # the variants' owner first, then operators called like its variants ...

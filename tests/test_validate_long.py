@@ -44,6 +44,7 @@ def long_op(tmp_path_factory):
     return make_op(write_op(tmp_path_factory.mktemp("long"), text))
 
 
+@pytest.mark.slow
 def test_long_operator_builds_runs_and_validates(long_op):
     x = np.linspace(-3, 3, 101)
     np.testing.assert_allclose(long_op(x), long_numpy(x), rtol=1e-12)
