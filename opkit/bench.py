@@ -572,7 +572,8 @@ NUMPY_LIMIT = 1.0  # seconds per call beyond which the generic cases leave NumPy
 
 def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts: List[str],
                  passes: List[str], repeat: int, rng, budget: float = 1.0,
-                 progress=None, notes: Optional[List[str]] = None) -> List[Row]:
+                 progress=None, notes: Optional[List[str]] = None,
+                 compiled: bool = True) -> List[Row]:
     """Each operator on inputs shaped like its first input, against the copy of the same bytes,
     NumPy running the same graph in the same dtype and PyTorch's own kernels where PyTorch has
     the computation (bench_torch.py). Every side writes into memory it has written before
@@ -581,7 +582,8 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
     A case the operator does not take (a convolution's kernel larger than the image) is left
     out, and NumPy's column where one call would take longer than NUMPY_LIMIT seconds (predicted
     from the case's smaller size: its float16 convolutions take half a minute at 16M); `notes`
-    hears of both."""
+    hears of both. `compiled`: a torch.compile column beside PyTorch's eager one (each case
+    compiles its formula first)."""
     import opkit
     cases = [(name, layout, size, dtype, pass_)
              for name in names for layout in _layouts_of(opkit.get(name), layouts)
@@ -602,7 +604,8 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
             if predicted > NUMPY_LIMIT:
                 notes.append(f"{label}: NumPy's column left out (about {predicted:.2g} s a call)")
             try:
-                row = _generic_row(*case, repeat, rng, budget, numpy=predicted <= NUMPY_LIMIT)
+                row = _generic_row(*case, repeat, rng, budget, numpy=predicted <= NUMPY_LIMIT,
+                                   compiled=compiled)
             except ValueError as exc:  # (SpecError too) opkit refuses these shapes; it says why
                 notes.append(f"{label}: skipped: {exc}")
                 continue
@@ -611,6 +614,23 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
                 if "numpy" in row.seconds and case[2] >= 4096:  # (per element, not per call)
                     numpy_rate[key] = row.seconds["numpy"] / case[2]
     return rows
+
+
+# the targets of an elementwise operator at 16M elements (docs/performance.md): the copy of
+# the same bytes by dtype, PyTorch eager and torch.compile of the same formula
+ELEMENTWISE = {"float32": 0.8, "float16": 0.7}
+
+
+def elementwise_targets(rows: List[Row]) -> List[TargetResult]:
+    """Each row's ratios against the elementwise targets (n/a where a contender is missing)."""
+    out = []
+    for r in rows:
+        name = f"{r.case} {r.dtype}"
+        if r.dtype in ELEMENTWISE:
+            out.append(TargetResult(name, "vs copy bandwidth", r.ratio("copy"), ELEMENTWISE[r.dtype]))
+        out.append(TargetResult(name, "x torch eager", r.ratio("torch"), 1.0))
+        out.append(TargetResult(name, "x torch.compile", r.ratio("torch.compile"), 1.0))
+    return out
 
 
 def _layouts_of(op, layouts: List[str]) -> List[str]:
@@ -627,7 +647,7 @@ _OTHER_DIMS = {"KH": 3, "KW": 3, "R": 3, "S": 3}
 
 
 def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
-                 numpy: bool = True) -> Optional[Row]:
+                 numpy: bool = True, compiled: bool = True) -> Optional[Row]:
     import opkit
     from .runtime.bind import bind
     from .validate.cases import default_attrs
@@ -673,6 +693,8 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
     fns = {"opkit": fn, "copy": lambda: np.copyto(dst, main),
            "numpy": (lambda: evaluate(graph, values, bound.attrs, dtype=np.dtype(dtype))) if numpy else None}
     fns["torch"] = _torch_column(op, pass_, bound, attrs, dys, grads, layout)
+    if compiled and fns["torch"] is not None:
+        fns["torch.compile"] = _torch_column(op, pass_, bound, attrs, dys, grads, layout, compiled=True)
     rounds: Dict[str, List[float]] = {}
     t = timed(fns, repeat, budget=budget, rounds=rounds)
     # the copy moves one input's bytes twice (read, write); scale it to this call's traffic
@@ -684,8 +706,9 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
                rounds)
 
 
-def _torch_column(op, pass_, bound, attrs, dys, grads, layout):
-    """PyTorch's computation of the same call over the same memory, or None."""
+def _torch_column(op, pass_, bound, attrs, dys, grads, layout, compiled: bool = False):
+    """PyTorch's computation of the same call over the same memory, or None; `compiled`: the
+    same formula through torch.compile."""
     torch, _ = _torch()
     if torch is None or (dys is not None and len(dys) != 1):
         return None
@@ -708,7 +731,7 @@ def _torch_column(op, pass_, bound, attrs, dys, grads, layout):
 
     dy = torch.from_numpy(dys[0]) if dys is not None else None
     gouts = [torch.from_numpy(g) for g in grads if g is not None] if grads is not None else None
-    return torch_pass(op.name, pass_, tensors, dict(attrs), dy, gouts, aligned, raw)
+    return torch_pass(op.name, pass_, tensors, dict(attrs), dy, gouts, aligned, raw, compiled)
 
 
 # ------------------------------------------------------------------------------- reports
@@ -738,14 +761,15 @@ def _fmt(v: Optional[float], spec: str) -> str:
 
 def format_rows(rows: List[Row]) -> str:
     head = ["case", "dtype", "opkit ms", "GB/s", "copy GB/s", "vs copy", "numpy ms", "x numpy",
-            "torch ms", "x torch"]
+            "torch ms", "x torch", "compile ms", "x compile"]
     table = []
     for r in rows:
         s = r.seconds
-        table.append([r.case, r.dtype, _fmt(s.get("opkit", 0) * 1e3, ".4g"), _fmt(r.gbps("opkit"), ".1f"),
+        ms = lambda who: _fmt(s.get(who) and s[who] * 1e3, ".4g")  # noqa: E731
+        table.append([r.case, r.dtype, ms("opkit"), _fmt(r.gbps("opkit"), ".1f"),
                       _fmt(r.gbps("copy"), ".1f"), _fmt(r.ratio("copy"), ".2f"),
-                      _fmt(s.get("numpy") and s["numpy"] * 1e3, ".4g"), _fmt(r.ratio("numpy"), ".2f"),
-                      _fmt(s.get("torch") and s["torch"] * 1e3, ".4g"), _fmt(r.ratio("torch"), ".2f")])
+                      ms("numpy"), _fmt(r.ratio("numpy"), ".2f"), ms("torch"), _fmt(r.ratio("torch"), ".2f"),
+                      ms("torch.compile"), _fmt(r.ratio("torch.compile"), ".2f")])
     widths = [max(len(str(x[i])) for x in table + [head]) for i in range(len(head))]
     line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                    for i, (c, w) in enumerate(zip(cells, widths)))
@@ -755,7 +779,8 @@ def format_rows(rows: List[Row]) -> str:
 def format_targets(results: List[TargetResult]) -> str:
     out = []
     for t in results:
-        state = "n/a (torch not installed)" if t.met is None else ("met" if t.met else "NOT MET")
+        state = ("n/a (torch not installed)" if _torch()[0] is None else "n/a (no such contender here)") \
+            if t.met is None else ("met" if t.met else "NOT MET")
         out.append(f"{t.case:<44} {t.check:<40} {_fmt(t.ratio, '7.2f')}x  (>= {t.minimum:.2f}x)  {state}")
     return "\n".join(out)
 
@@ -796,6 +821,11 @@ def add_parser(sub) -> None:
     b.add_argument("--budget", type=float, default=0.3, metavar="SECONDS",
                    help="with operator names: about this long timing each case (at least 5 rounds)")
     b.add_argument("--build-times", action="store_true", help="also time a cold and a warm `opkit build`")
+    b.add_argument("--no-compile", action="store_true",
+                   help="with operator names: leave out torch.compile's column (it compiles each case first)")
+    b.add_argument("--check", action="store_true",
+                   help="with operator names: check every row against the elementwise targets "
+                        "(vs copy >= 0.8 float32 / 0.7 float16, x torch >= 1, x torch.compile >= 1)")
     b.add_argument("--json", default="", help="write the results here (default: bench-<date>.json)")
     b.add_argument("--plot", default="", metavar="PNG", help="draw a chart (needs matplotlib)")
     b.set_defaults(func=main)
@@ -828,7 +858,10 @@ def main(args) -> int:
         notes: List[str] = []
         rows = generic_rows(list(dict.fromkeys(names)), [_parse_size(s) for s in args.sizes.split(",")],
                             args.dtypes.split(","), args.layouts.split(","), args.passes.split(","),
-                            args.repeat, rng, budget=args.budget, progress=_progress, notes=notes)
+                            args.repeat, rng, budget=args.budget, progress=_progress, notes=notes,
+                            compiled=not args.no_compile)
+        if args.check:
+            results = elementwise_targets(rows)
     else:
         rows, results = run_targets(args.repeat, rng)
     if (args.names or args.all) and sys.stderr.isatty():

@@ -48,12 +48,15 @@ def _table(torch, F) -> Dict[str, Expr]:
 
 
 def torch_pass(name: str, pass_: str, tensors: Dict[str, object], attrs: Dict[str, object],
-               dy, grads_out, aligned, raw: Dict[str, object]) -> Optional[Callable[[], object]]:
+               dy, grads_out, aligned, raw: Dict[str, object],
+               compiled: bool = False) -> Optional[Callable[[], object]]:
     """A call of PyTorch doing what opkit's `name` does in `pass_` (forward, or backward with
     the output gradient `dy`), or None when PyTorch has no such computation here.
     `grads_out`: tensors the backward may write into (aten's leaky_relu_backward does);
     `aligned(tensor, dims)` shapes a tensor over named dims to broadcast against x; `raw` are
-    the inputs as given (a matmul's operands)."""
+    the inputs as given (a matmul's operands). `compiled`: the same formula through
+    torch.compile (inductor, default mode; its backward is the compiled graph's): compiled and
+    run once here, None where that fails (no working compiler)."""
     try:
         import torch
         import torch.nn.functional as F
@@ -67,6 +70,8 @@ def torch_pass(name: str, pass_: str, tensors: Dict[str, object], attrs: Dict[st
         call = lambda t: expr(t, attrs, aligned)
     else:
         call = lambda t: expr(t, attrs)
+    if compiled:
+        return _compiled(torch, call, pass_, tensors, dy)
     if pass_ == "forward":
         return lambda: call(tensors)
     if name == "leaky_relu" and grads_out is not None:
@@ -78,3 +83,22 @@ def torch_pass(name: str, pass_: str, tensors: Dict[str, object], attrs: Dict[st
     y = call(leaves)
     wrt = [v for v in leaves.values() if v.requires_grad]
     return lambda: torch.autograd.grad(y, wrt, dy, retain_graph=True)
+
+
+def _compiled(torch, call, pass_, tensors, dy) -> Optional[Callable[[], object]]:
+    """`call` through torch.compile, warmed up (compiled) once; None if compiling fails."""
+    fn = torch.compile(call)
+    try:
+        if pass_ == "forward":
+            fn(tensors)
+            return lambda: fn(tensors)
+        leaves = {k: (v.detach().clone().requires_grad_() if v.is_floating_point() else v)
+                  for k, v in tensors.items()}
+        wrt = [v for v in leaves.values() if v.requires_grad]
+
+        def step():  # the compiled forward and its compiled backward, as training runs them
+            return torch.autograd.grad(fn(leaves), wrt, dy)
+        step()
+        return step
+    except Exception:  # noqa: BLE001 - inductor's failures are many kinds; the column stays empty
+        return None

@@ -11,7 +11,8 @@ from opkit.cli import main
 def test_generic_bench_writes_rows(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["bench", "leaky_relu", "spatial_leaky_relu", "--sizes", "16,40K", "--dtypes",
-                 "float32,float16", "--layouts", "ND,NHWC", "--repeat", "2", "--json", str(out)]) == 0
+                 "float32,float16", "--layouts", "ND,NHWC", "--repeat", "2", "--json", str(out),
+                 "--no-compile"]) == 0
     captured = capsys.readouterr()
     text = captured.out
     assert "leaky_relu forward ND 16" in text and "spatial_leaky_relu backward NHWC 40K" in text
@@ -32,8 +33,27 @@ def test_targets_are_ratios_of_one_run():
     unknown = bench.TargetResult("case", "vs torch", row.ratio("torch"), 1.0)
     assert met.met and unknown.met is None
     text = bench.format_targets([met, unknown])
-    assert "met" in text and "n/a (torch not installed)" in text
+    assert "met" in text and ("n/a (torch not installed)" in text or "n/a (no such contender" in text)
     assert "case" in bench.format_rows([row])
+
+
+def test_elementwise_targets_check_every_contender():
+    row = bench.Row("silu forward NCHW 16M", "silu", "forward", "float16", (4,), 32,
+                    {"opkit": 1.0, "copy": 0.75, "torch": 1.5, "torch.compile": 0.9})
+    checks = {t.check: t for t in bench.elementwise_targets([row])}
+    assert checks["vs copy bandwidth"].minimum == 0.7 and checks["vs copy bandwidth"].met   # 0.75x
+    assert checks["x torch eager"].ratio == 1.5 and checks["x torch eager"].met
+    assert checks["x torch.compile"].ratio == 0.9 and checks["x torch.compile"].met is False
+
+
+def test_the_torch_compile_column_times_the_compiled_formula(capsys):
+    pytest.importorskip("torch")
+    assert main(["bench", "leaky_relu", "--sizes", "4K", "--dtypes", "float32", "--layouts", "ND",
+                 "--repeat", "2", "--json", "/dev/null", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "compile ms" in out and "x torch.compile" in out
+    row = next(line for line in out.splitlines() if line.startswith("leaky_relu forward ND 4K"))
+    assert row.split()[-1] != "-" and row.split()[-2] != "-"   # compiled, timed, compared
 
 
 def test_timed_takes_medians_of_interleaved_rounds():

@@ -161,7 +161,7 @@ def test_unary_minus():
     n, i = expr("-a * b")
     assert n.op == "mul" and n.args[0].op == "neg" and n.args[0].args == (i["a"],)
     # ** binds tighter than unary minus, as in Python
-    n, i = expr("-a ** 3")
+    n, i = expr("-a ** 4")
     assert n.op == "neg" and n.args[0].op == "pow" and n.args[0].args[0] is i["a"]
     # a negated constant is a constant; -1 * a is a negation; - - a is a
     n, i = expr("-2 * a")
@@ -171,16 +171,18 @@ def test_unary_minus():
 
 
 def test_power_with_constant_exponent():
-    n, i = expr("a ** 3")
+    n, i = expr("a ** 4")
     assert n.op == "pow" and n.args[0] is i["a"]
-    assert n.args[1].is_const and n.args[1].value == 3.0
+    assert n.args[1].is_const and n.args[1].value == 4.0
+    # x ** 3 and x ** -1 as PyTorch computes them: multiplies, a division
+    assert same("a ** 3", "a * a * a") and same("a ** -1", "1 / a")
     n, _ = expr("a ** -1.5")
     assert n.op == "pow" and n.args[1].value == -1.5
     # ** is right-associative: a ** 2 ** 3 is a ** 8
     n, _ = expr("a ** 2 ** 3")
     assert n.op == "pow" and n.args[1].value == 8.0
-    n, i = expr("(a ** 2) ** 3")
-    assert n.op == "pow" and n.args[0].op == "mul" and n.args[1].value == 3.0
+    n, i = expr("(a ** 2) ** 4")
+    assert n.op == "pow" and n.args[0].op == "mul" and n.args[1].value == 4.0
 
 
 def test_square_becomes_a_multiply():
@@ -330,9 +332,10 @@ def test_format_round_trips_conditions(text):
 
 
 def test_format_of_power():
-    n, _ = expr("a ** 3")
-    assert format_expr(n) == "a ** 3"
-    assert format_expr(expr("(a + 1) ** 3")[0]) == "(a + 1) ** 3"
+    n, _ = expr("a ** 4")
+    assert format_expr(n) == "a ** 4"
+    assert format_expr(expr("(a + 1) ** 4")[0]) == "(a + 1) ** 4"
+    assert format_expr(expr("a ** 3")[0]) == "a * a * a"
     assert format_expr(expr("a ** 1")[0]) == "a"
     assert format_expr(expr("a ** 0")[0]) == "1"
 

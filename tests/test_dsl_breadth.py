@@ -284,9 +284,9 @@ def test_a_quoted_interval_needs_no_hint():
 
 def test_the_function_table_of_the_spec_page_is_the_generated_one(repo):
     """docs/spec.md lists the functions from the primitive records: one place says each."""
-    from opkit.dsl.reference_table import section
+    from opkit.codegen.function_table import section
     page = (repo / "docs" / "spec.md").read_text()
-    assert section() in page, "run `python -m opkit.dsl.reference_table` and paste the table"
+    assert section() in page, "run `python -m opkit.codegen.function_table` and paste the table"
 
 
 def test_every_function_the_parser_knows_is_documented(repo):

@@ -19,7 +19,7 @@ import numpy as np
 from .._paths import templates_dir
 from .._version import __version__
 from ..dsl.graph import OpGraphs
-from ..dsl.primitives import PRIMITIVES
+from .c_ops import C as C_OPS, MATH_FUNCTIONS, declaration, form as c_form, scalar_calls
 from ..backend import blas
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, Lowered, Reg, Schedule,
                      compute_dtype, cost, listing, quantized)
@@ -143,19 +143,18 @@ def _never_nan(arg, made: Dict) -> bool:
     return ins is not None and ins.op in ("neg", "abs") and _never_nan(ins.args[0], made)
 
 
-def _statements(ins: Instr, args: Sequence[str], libm: str, dst: str,
+def _statements(ins: Instr, args: Sequence[str], ct: ComputeType, dst: str,
                 prologue: Optional[Dict] = None) -> List[str]:
-    """The Cython statements that compute one primitive into `dst`; `prologue` (the values
-    computed once per call, by register) tells which bounds cannot be NaN (then a primitive's
-    `cython_bounded` form)."""
-    prim = PRIMITIVES[ins.op]
-    form = prim.cython
-    if prim.cython_bounded and prologue is not None and \
-            all(_never_nan(b, prologue) for b in ins.args[1:]):
-        form = prim.cython_bounded
+    """The Cython statements that compute one primitive into `dst` in compute type `ct`, as
+    the C table writes it (c_ops.py); `prologue` (the values computed once per call, by
+    register) tells which bounds cannot be NaN (then the primitive's `bounded` form)."""
+    cf = c_form(ins.op, ct.tag == "d")
+    form = cf.text
+    if cf.bounded and prologue is not None and all(_never_nan(b, prologue) for b in ins.args[1:]):
+        form = cf.bounded
     if "{d}" in form:  # statements of their own, with a temporary {t}
-        return [st.format(*args, f=libm, d=dst, t=dst + "_t") for st in form.split("\n")]
-    return [f"{dst} = {form.format(*args, f=libm)}"]
+        return [st.format(*args, f=ct.libm, d=dst, t=dst + "_t") for st in form.split("\n")]
+    return [f"{dst} = {form.format(*args, f=ct.libm)}"]
 
 
 def _select(cond, x: str, y: str, made: Dict, ct: ComputeType, depth: int = 8) -> str:
@@ -204,7 +203,7 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             made = {i.dst: i for i in kernel.body if i not in hoisted}
             lines.append(f"{ins.dst} = {_select(ins.args[0], args[1], args[2], made, ct)}{where}")
         else:
-            lines += [line + where for line in _statements(ins, args, ct.libm, str(ins.dst), once)]
+            lines += [line + where for line in _statements(ins, args, ct, str(ins.dst), once)]
     for i, res in enumerate(kernel.results):
         r = _operand(res, ct)
         if clip:
@@ -256,9 +255,9 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
     for ins in hoisted:
         d = f"s_{ins.dst}"
         temps.append(("bint" if ins.kind == "bool" else "double", d))
-        if "{t}" in PRIMITIVES[ins.op].cython:
+        if _uses_temp(ins.op):
             temps.append(("double", d + "_t"))
-        lines += _statements(ins, [_prologue_operand(a) for a in ins.args], "", d)
+        lines += _statements(ins, [_prologue_operand(a) for a in ins.args], _DOUBLE, d)
     if ct.tag == "f":
         checks = [f"opk_overflows_f(attr_{cname(a)}) or opk_vanishes_f(attr_{cname(a)})"
                   for a in kernel.loop_attrs if spec.attr_type(a) == "float"]
@@ -274,6 +273,11 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
             + [f"cdef {ct.type} {b}{i} = ctx.{b}[{i}]" for i in range(len(kernel.outputs))
                for b in ("lo", "hi") if clip],
             "loads": [f"{r} = ctx.s_{r}" for r in crossing]}
+
+
+def _uses_temp(op: str) -> bool:
+    """Whether a primitive's C form needs a temporary ({t}) in either compute type."""
+    return op in C_OPS and any("{t}" in c_form(op, double).text for double in (False, True))
 
 
 def _kind(instrs, reg: Reg) -> str:
@@ -293,11 +297,17 @@ def _schedule_text(schedule: Schedule, target: Target) -> str:
 
 def loop_text(kernel: Kernel, instances: List[ComputeType], target: Target) -> str:
     """What the element loop compiles to; tests compare it with the compiler's report."""
-    calls = kernel.scalar_calls(target.features)
-    if calls:
-        return (f"scalar (calls {', '.join(calls)}: functions the C compiler does not "
+    floats = [ct for ct in instances if not ct.integer]
+    calls = {ct.tag: scalar_calls(kernel.ops, ct.tag == "d", target.features) for ct in floats}
+    if floats and all(calls[ct.tag] for ct in floats):
+        names = sorted({c for ct in floats for c in calls[ct.tag]})
+        return (f"scalar (calls {', '.join(names)}: functions the C compiler does not "
                 "vectorize for this target without -ffast-math)")
     text = f"vectorized, {target.vector_bytes}-byte vectors"
+    for ct in floats:  # float64 keeps libm for the functions opkit_math.h has no vector form of
+        if calls[ct.tag]:
+            text += (f"; {ct.type} instance: scalar (calls {', '.join(calls[ct.tag])}: libm, "
+                     "no vector form)")
     # GCC multiplies 64-bit lanes with AVX-512DQ, or emulates it from 32-bit multiplies with
     # AVX2 / AVX-512F; the baseline SSE2 target keeps that loop scalar
     if any(ct.tag == "l" for ct in instances) and \
@@ -349,8 +359,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
     dtypes = spec.float_dtypes if role.startswith("backward") else spec.dtypes
     instances = _instances(dtypes)
     floats = [str(i.dst) for i in kernel.body if i.kind == "float"]
-    floats += [f"{i.dst}_t" for i in kernel.body
-               if i.op in PRIMITIVES and "{t}" in PRIMITIVES[i.op].cython]
+    floats += [f"{i.dst}_t" for i in kernel.body if _uses_temp(i.op)]
     if clip:
         floats += [f"c{i}" for i in range(len(kernel.outputs))]
     rows = _row_variants(kernel, spec, instances, file_name, clip, quant)
@@ -537,6 +546,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         directs=directs, defines=header_defines(), fused=fused,
+        math_functions=[declaration(f) for f in MATH_FUNCTIONS],
         blas=_printable(lib.describe()) if lib is not None else "")
 
 

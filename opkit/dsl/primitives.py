@@ -1,11 +1,10 @@
 """The closed set of primitives, each with everything the pipeline needs to know about it.
 
 One record per primitive, in the manner of JAX's lax: its argument kinds, its NumPy meaning (the
-reference), its derivative rule (reverse mode), its Cython expression, its TBE vector
-instruction with a cost, and the function name expressions call it by (the parser's table and
-docs/spec.md's function table are made from these records). Adding an elementwise primitive is
-one entry here, plus a cimport in templates/module.pyx.j2 if its Cython form calls a new libm
-function (docs/architecture.md, "Adding a primitive").
+reference), its derivative rule (reverse mode), its kinks, and the function name expressions
+call it by (the parser's table and docs/spec.md's function table are made from these records).
+How a target writes it is that target's table: codegen/c_ops.py for the C kernels,
+lower/tbe.py for the TBE listing (docs/architecture.md, "Adding a primitive").
 
 Derivative rules take the output cotangent `g`, the node itself (for rules that reuse the output)
 and the argument nodes, and return one cotangent per argument: a node, `Masked(cond, node)` (the
@@ -18,7 +17,7 @@ check treats a change of any of them as a kink.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,30 +32,15 @@ class Primitive:
     arg_kinds: Tuple[str, ...]          # "float" or "bool" per argument
     out_kind: str
     numpy: Callable                      # reference meaning on float64 / bool arrays
-    cython: str                          # expression; {0}.. are arguments, {f} the libm suffix;
-                                         # or statements assigning {d} (using a temporary {t})
-    tbe: str                             # TBE instruction (vector-vector form)
-    tbe_scalar: Optional[str]            # the vector-scalar form, when TBE has one (vmuls ...)
-    cost: float                          # vector instructions per element (static estimate)
     vjp: Optional[Callable] = None
     elementwise: bool = True
     doc: str = ""                        # its meaning, for docs/spec.md's function table
-    # True: the C compiler vectorizes it; False: a libm call it keeps scalar (without
-    # -ffast-math); a CPU feature's name: vectorized where the target has that feature
-    vectorizes: Union[bool, str] = True
     # (argument nodes) -> nodes whose values name the smooth piece the primitive is in: the
     # conditions of a select, which argument min picks ... Where one changes, the derivative
     # jumps (a kink). None: no kinks
     branch: Optional[Callable] = None
     grad_doc: str = ""                   # its gradient, for the function table
     function: str = ""                   # how expressions call it (""; an operator such as +)
-    # statements assigning {d} for when no argument after the first can be NaN (a number, an
-    # attr): ordered selects, which GCC makes one vmax / vmin each ("": `cython` always)
-    cython_bounded: str = ""
-
-    def vectorizes_on(self, features) -> bool:
-        v = self.vectorizes
-        return v if isinstance(v, bool) else v in features
 
 
 @dataclass(frozen=True)
@@ -153,6 +137,10 @@ def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
             return a[0]
         if _is(a[1], 2.0):
             return apply("mul", a[0], a[0])
+        if _is(a[1], 3.0):  # as PyTorch computes x ** 3: no pow call, two multiplies
+            return apply("mul", apply("mul", a[0], a[0]), a[0])
+        if _is(a[1], -1.0):  # 1 / x, correctly rounded as pow's result is
+            return apply("div", const(1.0), a[0])
     if name == "neg" and a[0].op == "neg":
         return a[0].args[0]
     if name == "not" and a[0].op == "not":
@@ -228,16 +216,13 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-_register(Primitive("add", (F, F), F, np.add, "({0} + {1})", "vadd", "vadds", 1,
-                    lambda g, out, x, y: (g, g), doc="x + y"))
-_register(Primitive("sub", (F, F), F, np.subtract, "({0} - {1})", "vsub", "vadds", 1,
-                    lambda g, out, x, y: (g, neg(g)), doc="x - y"))
-_register(Primitive("mul", (F, F), F, np.multiply, "({0} * {1})", "vmul", "vmuls", 1,
-                    lambda g, out, x, y: (mul(g, y), mul(g, x)), doc="x * y"))
-_register(Primitive("div", (F, F), F, np.divide, "({0} / {1})", "vdiv", "vdivs", 4,
+_register(Primitive("add", (F, F), F, np.add, lambda g, out, x, y: (g, g), doc="x + y"))
+_register(Primitive("sub", (F, F), F, np.subtract, lambda g, out, x, y: (g, neg(g)), doc="x - y"))
+_register(Primitive("mul", (F, F), F, np.multiply, lambda g, out, x, y: (mul(g, y), mul(g, x)),
+                    doc="x * y"))
+_register(Primitive("div", (F, F), F, np.divide,
                     lambda g, out, x, y: (div(g, y), neg(div(mul(g, out), y))), doc="x / y"))
-_register(Primitive("neg", (F,), F, np.negative, "(-{0})", "vmuls", None, 1,
-                    lambda g, out, x: (neg(g),), doc="-x"))
+_register(Primitive("neg", (F,), F, np.negative, lambda g, out, x: (neg(g),), doc="-x"))
 
 
 def _pow_vjp(g, out, x, e):
@@ -248,28 +233,24 @@ def _pow_vjp(g, out, x, e):
     return base, masked(negate(zero_base), mul(g, mul(out, apply("log", x))))
 
 
-_register(Primitive("pow", (F, F), F, np.power, "pow{f}({0}, {1})", "vpow", "vpows", 12,
-                    _pow_vjp, doc="x to the power e (also `x ** e`)",
+_register(Primitive("pow", (F, F), F, np.power, _pow_vjp, doc="x to the power e (also `x ** e`)",
                     grad_doc="`dy * e * x ** (e - 1)` to x, `dy * x ** e * log(x)` to e (0 where "
-                             "x is 0 and e >= 0, as PyTorch)", vectorizes=False, function="pow"))
+                             "x is 0 and e >= 0, as PyTorch)", function="pow"))
 
 # ------------------------------------------------------------------------------ comparisons
 
 for _name, _fn, _sym in (("gt", np.greater, ">"), ("ge", np.greater_equal, ">="),
                          ("lt", np.less, "<"), ("le", np.less_equal, "<="),
                          ("eq", np.equal, "=="), ("ne", np.not_equal, "!=")):
-    _register(Primitive(_name, (F, F), B, _fn, "({0} %s {1})" % _sym, "vcmp" + _name, "vcmp" + _name,
-                        1, None, doc=f"x {_sym} y (true/false)"))
+    _register(Primitive(_name, (F, F), B, _fn, None, doc=f"x {_sym} y (true/false)"))
 
-_register(Primitive("and", (B, B), B, np.logical_and, "({0} & {1})", "vand", None, 1, None,
-                    doc="c & d"))
-_register(Primitive("or", (B, B), B, np.logical_or, "({0} | {1})", "vor", None, 1, None,
-                    doc="c | d"))
-_register(Primitive("not", (B,), B, np.logical_not, "(not {0})", "vnot", None, 1, None, doc="~c"))
+_register(Primitive("and", (B, B), B, np.logical_and, None, doc="c & d"))
+_register(Primitive("or", (B, B), B, np.logical_or, None, doc="c | d"))
+_register(Primitive("not", (B,), B, np.logical_not, None, doc="~c"))
 
 # ------------------------------------------------------------------------------ selection
 
-_register(Primitive("where", (B, F, F), F, np.where, "({1} if {0} else {2})", "vsel", None, 1,
+_register(Primitive("where", (B, F, F), F, np.where,
                     lambda g, out, c, x, y: (None, Masked(c, g), Masked(negate(c), g)),
                     doc="`x` where the condition `c` holds, else `y`",
                     branch=lambda c, x, y: (c,), grad_doc="flows to the branch taken",
@@ -291,23 +272,13 @@ def _minmax_vjp(larger: bool):
     return rule
 
 
-# NaN propagates from either argument (as NumPy's minimum/maximum). Two plain selects in a row
-# ({t} is a temporary): GCC vectorizes chains of these, while it gives up on chains of selects
-# on `(x <= y) | (x != x)`. Against a bound that cannot be NaN one ordered select does: x86's
-# min and max return their second operand (here x) when either is NaN, so NaN in x still
-# propagates, and a tie keeps x's own zero as the two-select form does.
-_register(Primitive("min", (F, F), F, _np_min,
-                    "{t} = ({0} if {0} <= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
-                    "vmin", "vmins", 1, _minmax_vjp(False),
+# NaN propagates from either argument (as NumPy's minimum/maximum)
+_register(Primitive("min", (F, F), F, _np_min, _minmax_vjp(False),
                     doc="the smaller of x and y; NaN propagates", branch=_ordered, function="min",
-                    grad_doc="to the argument picked, halved on a tie (PyTorch's minimum)",
-                    cython_bounded="{d} = ({1} if {1} < {0} else {0})"))
-_register(Primitive("max", (F, F), F, _np_max,
-                    "{t} = ({0} if {0} >= {1} else {1})\n{d} = ({0} if {0} != {0} else {t})",
-                    "vmax", "vmaxs", 1, _minmax_vjp(True),
+                    grad_doc="to the argument picked, halved on a tie (PyTorch's minimum)"))
+_register(Primitive("max", (F, F), F, _np_max, _minmax_vjp(True),
                     doc="the larger of x and y; NaN propagates", branch=_ordered, function="max",
-                    grad_doc="to the argument picked, halved on a tie (PyTorch's maximum)",
-                    cython_bounded="{d} = ({1} if {1} > {0} else {0})"))
+                    grad_doc="to the argument picked, halved on a tie (PyTorch's maximum)"))
 
 
 def _clamp_branch(x, lo, hi):
@@ -324,13 +295,9 @@ def _clamp_vjp(g, out, x, lo, hi):
 
 
 _register(Primitive("clamp", (F, F, F), F, lambda x, lo, hi: _np_min(_np_max(x, lo), hi),
-                    "{t} = ({0} if {0} >= {1} else {1})\n{t} = ({0} if {0} != {0} else {t})\n"
-                    "{d} = ({t} if {t} <= {2} else {2})\n{d} = ({t} if {t} != {t} else {d})",
-                    "vclamp", None, 2, _clamp_vjp, branch=_clamp_branch, function="clamp",
-                    doc="min(max(x, lo), hi); NaN propagates",
+                    _clamp_vjp, branch=_clamp_branch, function="clamp", doc="min(max(x, lo), hi); NaN propagates",
                     grad_doc="to x inside [lo, hi], bounds included; to lo below it, to hi above "
-                             "(PyTorch's clamp)",
-                    cython_bounded="{t} = ({1} if {1} > {0} else {0})\n{d} = ({2} if {2} < {t} else {t})"))
+                             "(PyTorch's clamp)"))
 
 
 def _abs_branch(x):
@@ -344,31 +311,27 @@ def _abs_vjp(g, out, x):
 
 # ------------------------------------------------------------------------------ transcendental
 
-_register(Primitive("exp", (F,), F, np.exp, "exp{f}({0})", "vexp", None, 10,
-                    lambda g, out, x: (mul(g, out),), doc="e ** x", vectorizes=False,
+_register(Primitive("exp", (F,), F, np.exp, lambda g, out, x: (mul(g, out),), doc="e ** x",
                     grad_doc="`dy * exp(x)`", function="exp"))
-_register(Primitive("expm1", (F,), F, np.expm1, "expm1{f}({0})", "vexpm1", None, 10,
-                    lambda g, out, x: (mul(g, add(out, ONE)),), doc="e ** x - 1, exact near 0",
-                    vectorizes=False, grad_doc="`dy * (expm1(x) + 1)`", function="expm1"))
-_register(Primitive("log1p", (F,), F, np.log1p, "log1p{f}({0})", "vln1p", None, 10,
-                    lambda g, out, x: (div(g, add(x, ONE)),), doc="log(1 + x), exact near 0",
-                    vectorizes=False, grad_doc="`dy / (x + 1)`", function="log1p"))
-_register(Primitive("log", (F,), F, np.log, "log{f}({0})", "vln", None, 10,
-                    lambda g, out, x: (div(g, x),), doc="natural logarithm", vectorizes=False,
-                    grad_doc="`dy / x`", function="log"))
-_register(Primitive("sqrt", (F,), F, np.sqrt, "sqrt{f}({0})", "vsqrt", None, 4,
-                    lambda g, out, x: (div(mul(g, const(0.5)), out),), doc="square root",
-                    grad_doc="`dy * 0.5 / sqrt(x)`", function="sqrt"))
-_register(Primitive("abs", (F,), F, np.abs, "fabs{f}({0})", "vabs", None, 1, _abs_vjp,
+_register(Primitive("expm1", (F,), F, np.expm1, lambda g, out, x: (mul(g, add(out, ONE)),),
+                    doc="e ** x - 1, exact near 0", grad_doc="`dy * (expm1(x) + 1)`",
+                    function="expm1"))
+_register(Primitive("log1p", (F,), F, np.log1p, lambda g, out, x: (div(g, add(x, ONE)),),
+                    doc="log(1 + x), exact near 0", grad_doc="`dy / (x + 1)`", function="log1p"))
+_register(Primitive("log", (F,), F, np.log, lambda g, out, x: (div(g, x),),
+                    doc="natural logarithm", grad_doc="`dy / x`", function="log"))
+_register(Primitive("sqrt", (F,), F, np.sqrt, lambda g, out, x: (div(mul(g, const(0.5)), out),),
+                    doc="square root", grad_doc="`dy * 0.5 / sqrt(x)`", function="sqrt"))
+_register(Primitive("abs", (F,), F, np.abs, _abs_vjp,
                     doc="\\|x\\|", branch=_abs_branch, function="abs",
                     grad_doc="`dy` times the sign of x; 0 at x == 0 and at NaN (PyTorch's abs)"))
-_register(Primitive("sigmoid", (F,), F, _sigmoid, "(1 / (1 + exp{f}(-{0})))", "vsigmoid", None, 13,
+_register(Primitive("sigmoid", (F,), F, _sigmoid,
                     lambda g, out, x: (mul(g, mul(out, sub(ONE, out))),),
-                    doc="1 / (1 + e ** -x)", vectorizes=False, function="sigmoid",
+                    doc="1 / (1 + e ** -x)", function="sigmoid",
                     grad_doc="`dy * s * (1 - s)`, s = sigmoid(x)"))
-_register(Primitive("tanh", (F,), F, np.tanh, "tanh{f}({0})", "vtanh", None, 15,
-                    lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),), doc="hyperbolic tangent",
-                    vectorizes=False, grad_doc="`dy * (1 - t * t)`, t = tanh(x)", function="tanh"))
+_register(Primitive("tanh", (F,), F, np.tanh, lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),),
+                    doc="hyperbolic tangent", grad_doc="`dy * (1 - t * t)`, t = tanh(x)",
+                    function="tanh"))
 
 # ------------------------------------------------------------------------------ breadth: the
 # functions of the ONNX and PyTorch activation catalogues, with NumPy's meanings and PyTorch's
@@ -408,12 +371,10 @@ def _erfc_vjp(g, out, x):
     return (neg(_erf_vjp(g, out, x)[0]),)
 
 
-_register(Primitive("erf", (F,), F, _erf, "erf{f}({0})", "verf", None, 20, _erf_vjp,
-                    doc="the error function", grad_doc="`dy * 2 / sqrt(pi) * exp(-x * x)`",
-                    vectorizes=False, function="erf"))
-_register(Primitive("erfc", (F,), F, _erfc, "erfc{f}({0})", "verfc", None, 20, _erfc_vjp,
-                    doc="1 - erf(x), exact for large x", grad_doc="`-dy * 2 / sqrt(pi) * exp(-x * x)`",
-                    vectorizes=False, function="erfc"))
+_register(Primitive("erf", (F,), F, _erf, _erf_vjp, doc="the error function",
+                    grad_doc="`dy * 2 / sqrt(pi) * exp(-x * x)`", function="erf"))
+_register(Primitive("erfc", (F,), F, _erfc, _erfc_vjp, doc="1 - erf(x), exact for large x",
+                    grad_doc="`-dy * 2 / sqrt(pi) * exp(-x * x)`", function="erfc"))
 
 
 def _zero_vjp(g, out, *args):
@@ -424,48 +385,24 @@ def _itself(name):
     return lambda x: (apply(name, x),)  # the integer piece changes at every step
 
 
-for _name, _fn, _form, _doc in (
-        ("floor", np.floor, "floor{f}({0})", "the largest whole number <= x"),
-        ("ceil", np.ceil, "ceil{f}({0})", "the smallest whole number >= x"),
-        ("round", np.rint, "rint{f}({0})", "the nearest whole number, ties to even")):
-    _register(Primitive(_name, (F,), F, _fn, _form, "v" + _name, None, 1, _zero_vjp,
-                        doc=_doc, grad_doc="0", vectorizes="sse4_1", branch=_itself(_name),
-                        function=_name))
+for _name, _fn, _doc in (("floor", np.floor, "the largest whole number <= x"),
+                         ("ceil", np.ceil, "the smallest whole number >= x"),
+                         ("round", np.rint, "the nearest whole number, ties to even")):
+    _register(Primitive(_name, (F,), F, _fn, _zero_vjp, doc=_doc, grad_doc="0",
+                        branch=_itself(_name), function=_name))
 
-# sign(-0) is +0 and sign(NaN) is NaN, as in NumPy: x - x is +0 for +-0 and NaN for NaN (and
-# only reached by those: the infinities take the first two branches)
-_register(Primitive("sign", (F,), F, np.sign,
-                    "(1 if {0} > 0 else (-1 if {0} < 0 else {0} - {0}))", "vsign", None, 3,
-                    _zero_vjp, doc="-1, 0 or 1 by the sign of x; NaN stays NaN",
+_register(Primitive("sign", (F,), F, np.sign, _zero_vjp, doc="-1, 0 or 1 by the sign of x; NaN stays NaN",
                     grad_doc="0", branch=lambda x: (apply("gt", x, ZERO), apply("lt", x, ZERO)),
                     function="sign"))
-_register(Primitive("sin", (F,), F, np.sin, "sin{f}({0})", "vsin", None, 15,
-                    lambda g, out, x: (mul(g, apply("cos", x)),), doc="sine",
-                    grad_doc="`dy * cos(x)`", vectorizes=False, function="sin"))
-_register(Primitive("cos", (F,), F, np.cos, "cos{f}({0})", "vcos", None, 15,
-                    lambda g, out, x: (neg(mul(g, apply("sin", x))),), doc="cosine",
-                    grad_doc="`-dy * sin(x)`", vectorizes=False, function="cos"))
-# log(1 + e ** x) without overflow: max(x, 0) + log1p(e ** -|x|)
+_register(Primitive("sin", (F,), F, np.sin, lambda g, out, x: (mul(g, apply("cos", x)),),
+                    doc="sine", grad_doc="`dy * cos(x)`", function="sin"))
+_register(Primitive("cos", (F,), F, np.cos, lambda g, out, x: (neg(mul(g, apply("sin", x))),),
+                    doc="cosine", grad_doc="`-dy * sin(x)`", function="cos"))
 _register(Primitive("softplus", (F,), F, lambda x: np.logaddexp(0.0, x),
-                    "(({0} if {0} > 0 else 0) + log1p{f}(exp{f}(-fabs{f}({0}))))", "vsoftplus",
-                    None, 22, lambda g, out, x: (mul(g, apply("sigmoid", x)),),
+                    lambda g, out, x: (mul(g, apply("sigmoid", x)),),
                     doc="log(1 + e ** x), without overflow", grad_doc="`dy * sigmoid(x)`",
-                    vectorizes=False, function="softplus"))
-_register(Primitive("isnan", (F,), B, np.isnan, "({0} != {0})", "vcmpne", None, 1, None,
-                    doc="x is NaN (a condition)", grad_doc="none", function="isnan"))
-_register(Primitive("isinf", (F,), B, np.isinf, "(fabs{f}({0}) == INFINITY)", "visinf", None, 2,
-                    None, doc="x is +inf or -inf (a condition)", grad_doc="none",
-                    function="isinf"))
-
-# TBE has no single instruction for these; the listing shows the sequence a TBE kernel would use.
-TBE_EXPANSIONS = {
-    "vclamp": ["vmax {d}, {0}, {1}", "vmin {d}, {d}, {2}"],
-    "vsoftplus": ["vabs {d}, {0}", "vmuls {d}, {d}, #-1", "vexp {d}, {d}", "vadds {d}, {d}, #1",
-                  "vln {d}, {d}", "vmaxs {d}.t, {0}, #0", "vadd {d}, {d}, {d}.t"],
-    "visinf": ["vabs {d}, {0}", "vcmpeq {d}, {d}, #inf"],
-    "vsigmoid": ["vmuls {d}, {0}, #-1", "vexp {d}, {d}", "vadds {d}, {d}, #1", "vrec {d}, {d}"],
-    "vexpm1": ["vexp {d}, {0}", "vadds {d}, {d}, #-1"],
-    "vln1p": ["vadds {d}, {0}, #1", "vln {d}, {d}"],
-    "vtanh": ["vmuls {d}, {0}, #-2", "vexp {d}, {d}", "vadds {d}, {d}, #1", "vrec {d}, {d}",
-              "vmuls {d}, {d}, #-2", "vadds {d}, {d}, #1"],
-}
+                    function="softplus"))
+_register(Primitive("isnan", (F,), B, np.isnan, None, doc="x is NaN (a condition)",
+                    grad_doc="none", function="isnan"))
+_register(Primitive("isinf", (F,), B, np.isinf, None, doc="x is +inf or -inf (a condition)",
+                    grad_doc="none", function="isinf"))

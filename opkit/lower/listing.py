@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List
 
-from ..dsl.primitives import PRIMITIVES, TBE_EXPANSIONS
+from .tbe import EXPANSIONS, SEQUENCES, TBE
 from .integer import fixed_point_factor
 from .plan import LOAD, Attr, Const, Kernel, Reg
 
@@ -55,16 +55,19 @@ def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[st
             if st != ct:
                 lines.append(f"vconv_{st}2{ct} {src}, {src}")
             continue
-        p = PRIMITIVES[ins.op]
+        t = TBE[ins.op]
         args = [_text(a, names) for a in ins.args]
-        mnemonic = p.tbe
-        if len(ins.args) == 2 and p.tbe_scalar:
-            mnemonic, args = _scalar_form(ins.op, p, ins.args, args)
+        mnemonic = t.vector
+        if len(ins.args) == 2 and t.scalar:
+            mnemonic, args = _scalar_form(ins.op, t, ins.args, args)
         if ins.op == "neg":
             mnemonic, args = "vmuls", args + ["#-1"]
         dst = str(ins.dst)
-        if mnemonic in TBE_EXPANSIONS:
-            lines.extend(t.format(*args, d=dst) for t in TBE_EXPANSIONS[mnemonic])
+        if mnemonic in EXPANSIONS:
+            lines.extend(line.format(*args, d=dst) for line in EXPANSIONS[mnemonic])
+        elif mnemonic in SEQUENCES:
+            lines.append(f"{mnemonic:<8} {', '.join([dst] + args):<24} ; {t.cost:g} vector instructions:")
+            lines.extend("  " + line.format(*args, d=dst) for line in SEQUENCES[mnemonic])
         else:
             lines.append(f"{mnemonic:<8} {', '.join([dst] + args)}")
     for out, res in zip(kernel.outputs, kernel.results):
@@ -85,7 +88,7 @@ def _negated(operand, text: str) -> str:
     return "-" + text
 
 
-def _scalar_form(op: str, p, raw, args):
+def _scalar_form(op: str, t, raw, args):
     """The vector-scalar instruction (vmuls, vadds ...) when one operand is an attr or constant.
 
     TBE's scalar forms take the scalar last: a scalar first operand is moved there when the
@@ -94,13 +97,13 @@ def _scalar_form(op: str, p, raw, args):
     if scalar == [False, True]:
         if op == "sub":
             return "vadds", [args[0], _negated(raw[1], args[1])]
-        return p.tbe_scalar, args
+        return t.scalar, args
     if scalar == [True, False]:
         if op in _COMMUTATIVE:
-            return p.tbe_scalar, [args[1], args[0]]
+            return t.scalar, [args[1], args[0]]
         if op in _SWAPPED:
-            return PRIMITIVES[_SWAPPED[op]].tbe_scalar, [args[1], args[0]]
-    return p.tbe, args
+            return TBE[_SWAPPED[op]].scalar, [args[1], args[0]]
+    return t.vector, args
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ def cost(kernel: Kernel, dtype: str, vector_bytes: int) -> Cost:
     """The static cost per element on a target with `vector_bytes`-wide vectors; what is
     computed from attrs alone runs once per call and is not counted."""
     once = set(kernel.prologue) if not dtype.startswith("int") else set()
-    ops = sum(PRIMITIVES[i.op].cost for i in kernel.body if i.op != LOAD and i not in once)
+    ops = sum(TBE[i.op].cost for i in kernel.body if i.op != LOAD and i not in once)
     if dtype in ("float16", "bfloat16"):
         ops += len(kernel.operands)  # one conversion per load and store
     lanes = max(vector_bytes // _ITEMSIZE[compute_dtype(dtype)], 1)

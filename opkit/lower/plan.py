@@ -177,12 +177,10 @@ class Kernel:
         used |= {r.name for r in self.results if isinstance(r, Attr)}
         return tuple(a for a in self.attrs if a in used)
 
-    def scalar_calls(self, features: Tuple[str, ...] = ()) -> Tuple[str, ...]:
-        """The functions the body calls that keep its element loop scalar on a target with
-        these CPU features (libm calls the C compiler does not vectorize)."""
-        from ..dsl.primitives import PRIMITIVES
-        return tuple(sorted({i.op for i in self.body if i.op in PRIMITIVES
-                             and not PRIMITIVES[i.op].vectorizes_on(features)}))
+    @property
+    def ops(self) -> Tuple[str, ...]:
+        """The primitives the element loop computes (each once)."""
+        return tuple(dict.fromkeys(i.op for i in self.body if i.op != LOAD))
 
 
 @dataclass(frozen=True)

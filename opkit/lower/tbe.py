@@ -1,0 +1,128 @@
+"""The TBE listing's table: how each primitive is shown in CANN TBE vector instructions, and what
+it costs.
+
+A primitive's meaning lives with it in dsl/primitives.py; this is the listing target's table
+(the C targets have theirs in codegen/c_ops.py). An entry is the vector-vector instruction, the
+vector-scalar form where TBE has one (`vmuls x, #0.2`), and the instructions an element costs.
+TBE has no single instruction for a transcendental: `EXPANSIONS` shows the sequence opkit's
+vector form runs (templates/opkit_math.h, float32), and its length is the cost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+
+@dataclass(frozen=True)
+class Tbe:
+    vector: str               # vector-vector form (vadd)
+    scalar: Optional[str]     # vector-scalar form (vadds), if TBE has one
+    cost: float = 1.0         # vector instructions per element vector
+
+
+_CMP = {name: Tbe("vcmp" + name, "vcmp" + name) for name in ("gt", "ge", "lt", "le", "eq", "ne")}
+
+# The instructions the listing prints for one TBE does not have: {0}.. the operands, {d} the
+# destination.
+EXPANSIONS: Dict[str, List[str]] = {
+    "vclamp": ["vmax {d}, {0}, {1}", "vmin {d}, {d}, {2}"],
+    "visinf": ["vabs {d}, {0}", "vcmpeq {d}, {d}, #inf"],
+}
+
+# The transcendentals: the listing prints the function's line and, indented under it, the
+# sequence opkit's vector form runs (a polynomial of degree k is k multiply-adds, `vmla`,
+# Horner's scheme; `{d}.t` names a temporary of the sequence).
+SEQUENCES: Dict[str, List[str]] = {
+    # e^x: clamp, n = round(x / ln 2) (magic number), Cody-Waite r = x - n ln2 in two pieces,
+    # e^r = 1 + r + r^2 Q(r), 2^n built in the exponent field as two factors
+    "vexp": ["vmaxs {d}.x, {0}, #-104", "vmins {d}.x, {d}.x, #89",
+             "vmla {d}.t, {d}.x, #log2(e), #0x1.8p23     ; n in t's low bits",
+             "vadds {d}.n, {d}.t, #-0x1.8p23",
+             "vmla {d}.r, {d}.n, #-ln2_hi, {d}.x", "vmuls {d}.l, {d}.n, #-ln2_lo",
+             "vadd {d}.r, {d}.r, {d}.l",
+             "vmul {d}.q, {d}.r, {d}.r", "vpoly5 {d}.p, {d}.r          ; 5 x vmla",
+             "vmla {d}.p, {d}.q, {d}.p, {d}.r", "vadds {d}.p, {d}.p, #1",
+             "vshls {d}.s, {d}.t, #23          ; 2^n, two factors",
+             "vmul {d}, {d}.p, {d}.s1", "vmul {d}, {d}, {d}.s2"],
+    # e^x - 1: as exp with n = floor(x / ln 2) for x > 0, 2^n (1 + p) - 1 summed exactly
+    "vexpm1": ["vexp-reduce {d}.r, {d}.n, {0}      ; 7 instructions, as vexp",
+               "vand {d}.rt, {d}.r, #0xfffff000", "vmul {d}.h, {d}.rt, {d}.rt",
+               "vpoly6 {d}.p, {d}.r          ; 6 x vmla",
+               "vshls {d}.u, {d}.n, #23", "vadd {d}.s, {d}.u, {d}.b  ; Fast2Sum x 2 (6)",
+               "vmla {d}, {d}.u, {d}.p, {d}.s", "vmuls {d}, {d}, #2",
+               "vcmplt {d}.m, |{0}|, #2^-24", "vsel {d}, {d}.m, {0}, {d}"],
+    # log x: x = 2^E m, m in [sqrt(1/2), sqrt(2)), f = m - 1, log1p(f) = f - f^2/2 + f^3 P(f)
+    "vln": ["vsubs {d}.i, {0}, #0x3f3504f3 (int)", "vshrs {d}.e, {d}.i, #23",
+            "vshls {d}.k, {d}.e, #23", "vsub {d}.m, {0}, {d}.k (int)", "vadds {d}.f, {d}.m, #-1",
+            "vconv_s322f32 {d}.e, {d}.e", "vmul {d}.h, {d}.f, {d}.f",
+            "vpoly8 {d}.p, {d}.f          ; 8 x vmla",
+            "vmla {d}, {d}.e, #ln2_hi, {d}.f  ; Fast2Sum x 2 (6)",
+            "vmla {d}, {d}.h, #-0.5, {d}", "vmla {d}, {d}.p, {d}.f3, {d}",
+            "vcmple {d}.m, {0}, #0", "vsel {d}, {d}.m, #nan/-inf, {d}"],
+    # log(1 + x): u = 1 + x with its rounding error c (TwoSum), log(u) + c / u
+    "vln1p": ["vadds {d}.u, {0}, #1", "vtwosum {d}.c, {d}.u, {0}    ; 4 instructions",
+              "vln {d}, {d}.u                ; 17 instructions, as vln",
+              "vdiv {d}.c, {d}.c, {d}.u", "vadd {d}, {d}, {d}.c",
+              "vcmple {d}.m, {0}, #-1", "vsel {d}, {d}.m, #nan/-inf, {d}"],
+    # tanh: a + a^3 P(a^2) below 0.625; above 1 - 2 / (e^2a + 1), the quotient corrected
+    "vtanh": ["vabs {d}.a, {0}", "vmul {d}.z, {d}.a, {d}.a",
+              "vpoly5 {d}.s, {d}.z          ; 5 x vmla", "vmla {d}.s, {d}.a, {d}.s, {d}.a",
+              "vexp {d}.e, 2 {d}.a           ; 14 instructions, as vexp",
+              "vadds {d}.D, {d}.e, #1", "vrec {d}.q, {d}.D, #2",
+              "vmla {d}.q, {d}.q, {d}.res, {d}.q  ; residual correction (5)",
+              "vrsubs {d}.b, {d}.q, #1",
+              "vcmplt {d}.m, {d}.a, #0.625", "vsel {d}, {d}.m, {d}.s, {d}.b",
+              "vcopysign {d}, {d}, {0}"],
+    # 1 / (1 + e^-x), e^x / (1 + e^x) below 0: both tails exp-like
+    "vsigmoid": ["vabs {d}.a, {0}", "vexp {d}.e, -{d}.a          ; 14 instructions, as vexp",
+                 "vadds {d}.D, {d}.e, #1", "vcmpge {d}.m, {0}, #0",
+                 "vsel {d}.N, {d}.m, #1, {d}.e", "vdiv {d}.q, {d}.N, {d}.D",
+                 "vmla {d}, {d}.res, {d}.inv, {d}.q  ; residual correction (6)"],
+    # log(1 + e^x) = log(u) + c / u, u + c = 1 + e^x exactly
+    "vsoftplus": ["vexp {d}.e, {0}               ; 14 instructions, as vexp",
+                  "vmax {d}.b, {d}.e, #1", "vmin {d}.l, {d}.e, #1",
+                  "vtwosum {d}.c, {d}.u, {d}.b, {d}.l  ; 4 instructions",
+                  "vln {d}, {d}.u                ; 17 instructions, as vln",
+                  "vdiv {d}.c, {d}.c, {d}.u", "vadd {d}, {d}, {d}.c",
+                  "vcmpgt {d}.m, {0}, #20", "vsel {d}, {d}.m, {0}, {d}"],
+    # erf: a + a P(a^2) below 0.75, 1 - e^Q(a) above, in double
+    "verf": ["vabs {d}.a, {0}", "vpoly5 {d}.s, a^2             ; 5 x vmla",
+             "vconv_f322f64 {d}.w, {d}.a", "vpoly7 {d}.q, {d}.w          ; 7 x vmla (f64)",
+             "vexp {d}.e, {d}.q (f64)       ; 8 instructions", "vrsubs {d}.b, {d}.e, #1",
+             "vconv_f642f32 {d}.b, {d}.b", "vcmplt {d}.m, {d}.a, #0.75",
+             "vsel {d}, {d}.m, {d}.s, {d}.b", "vcopysign {d}, {d}, {0}"],
+    # erfc: t e^(-a^2 + G(t)), t = 2 / (2 + a), in double; 2 - erfc(-x) below 0
+    "verfc": ["vconv_f322f64 {d}.a, |{0}|", "vadds {d}.t, {d}.a, #2", "vrec {d}.t, {d}.t, #2",
+              "vpoly12 {d}.g, {d}.t         ; 12 x vmla (f64)", "vmla {d}.z, -{d}.a, {d}.a, {d}.g",
+              "vexp {d}.e, {d}.z (f64)       ; 8 instructions", "vmul {d}, {d}.t, {d}.e",
+              "vcmplt {d}.m, {0}, #0", "vsel {d}, {d}.m, 2 - {d}, {d}", "vconv_f642f32 {d}, {d}"],
+    # sin, cos: n = round(x 2/pi), r = x - n pi/2 in four pieces (double), odd/even polynomial,
+    # the quadrant's bits pick sin or cos and the sign
+    "vsin": ["vconv_f322f64 {d}.x, {0}", "vmla {d}.t, {d}.x, #2/pi, #0x1.8p52",
+             "vadds {d}.n, {d}.t, #-0x1.8p52", "vmla {d}.r, {d}.n, #-pi/2 (4 pieces)  ; 4 x vmla",
+             "vmul {d}.z, {d}.r, {d}.r", "vpoly4 {d}.s, {d}.z ; 4 x vmla", "vpoly5 {d}.c, {d}.z ; 5 x vmla",
+             "vand {d}.q, {d}.t, #1", "vsel {d}, {d}.q, {d}.c, {d}.s", "vxor {d}, {d}, quadrant sign",
+             "vconv_f642f32 {d}, {d}"],
+    "vcos": ["vsin {d}, {0} + pi/2           ; 22 instructions, as vsin, quadrant + 1"],
+    # x ** y = 2^(y log2 x) in double, then C99's special cases as selects
+    "vpow": ["vlog2 {d}.l, |{0}| (f64)       ; 12 instructions", "vmul {d}.w, {1}, {d}.l",
+             "vexp2 {d}.p, {d}.w (f64)       ; 11 instructions", "vconv_f642f32 {d}, {d}.p",
+             "vsel {d}, special cases        ; 12 compares and selects (C99 F.9.4.4)"],
+}
+
+TBE: Dict[str, Tbe] = {
+    "add": Tbe("vadd", "vadds"), "sub": Tbe("vsub", "vadds"), "mul": Tbe("vmul", "vmuls"),
+    "div": Tbe("vdiv", "vdivs", 4), "neg": Tbe("vmuls", None),
+    "pow": Tbe("vpow", "vpows", 44),
+    **_CMP,
+    "and": Tbe("vand", None), "or": Tbe("vor", None), "not": Tbe("vnot", None),
+    "where": Tbe("vsel", None), "min": Tbe("vmin", "vmins"), "max": Tbe("vmax", "vmaxs"),
+    "clamp": Tbe("vclamp", None, 2), "abs": Tbe("vabs", None), "sqrt": Tbe("vsqrt", None, 4),
+    "floor": Tbe("vfloor", None), "ceil": Tbe("vceil", None), "round": Tbe("vround", None),
+    "sign": Tbe("vsign", None, 3), "isnan": Tbe("vcmpne", None), "isinf": Tbe("visinf", None, 2),
+    "exp": Tbe("vexp", None, 19), "expm1": Tbe("vexpm1", None, 32), "log": Tbe("vln", None, 24),
+    "log1p": Tbe("vln1p", None, 31), "tanh": Tbe("vtanh", None, 37),
+    "sigmoid": Tbe("vsigmoid", None, 26), "softplus": Tbe("vsoftplus", None, 45),
+    "erf": Tbe("verf", None, 30), "erfc": Tbe("verfc", None, 30),
+    "sin": Tbe("vsin", None, 26), "cos": Tbe("vcos", None, 26),
+}
