@@ -68,3 +68,28 @@ def test_show_prints_the_report(capsys):
     assert main(["show", "leaky_relu"]) == 0
     out = capsys.readouterr().out
     assert "element loop on float: vectorized" in out and "#   loop     vectorized" in out
+
+
+ACTIVATIONS = EXAMPLES.parent / "activations"
+# every transcendental of the table among them: erfc (gelu), tanh and softplus (mish), expm1
+# (selu), sigmoid (silu), log (logsigmoid)
+PORTABLE_TOO = ("gelu", "mish", "selu", "silu", "logsigmoid")
+
+
+@pytest.mark.skipif(toolchain().family != "gcc", reason="the report is GCC's -fopt-info-vec")
+@pytest.mark.parametrize("name", sorted(p.stem for p in ACTIVATIONS.glob("*.yaml")))
+def test_every_activation_runs_vectorized_float_loops(name):
+    """The activations of examples/activations call exp, tanh, erf ... : each element loop of
+    their float32 (and float16) instance is vectorized at the target's width, as the annotation
+    says (natively, and for the ones that call each transcendental, on the portable baseline)."""
+    from opkit.registry import make_op
+    op = make_op(ACTIVATIONS / f"{name}.yaml")
+    for isa in ("native", "portable") if name in PORTABLE_TOO else ("native",):
+        result = op.build(isa=isa)
+        loops = annotations(result.source_path.read_text())
+        width = toolchain(isa).target.vector_bytes
+        floats = {k: v for k, v in result.meta["vectorization"].items() if k.endswith("_f")}
+        assert floats and loops
+        for instance, info in floats.items():
+            assert loops[instance[:-2]].startswith(f"vectorized, {width}-byte vectors"), (isa, instance)
+            assert info["vectorized"] and info["bytes"] == width, (isa, instance, info)
