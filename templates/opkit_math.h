@@ -20,21 +20,24 @@
  * Coefficients: tools/fit_math.py (weighted minimax, rounded to the format; `--check` checks
  * this file against it). Error: max |y - f(x)| / ulp(f(x)) with f(x) exact, in the ULP of
  * f(x)'s binade (a correctly rounded result is within 0.5), the largest of the -march=native
- * (AVX-512, FMA), -march=x86-64-v3 and portable (SSE2, no FMA) builds; float32 over every input
- * (python tools/ulp_sweep.py, against float64 numpy / scipy.special), float64 on 2.6 million
- * samples against mpmath (python tools/ulp_sweep.py --double 200000; every binade, and dense
- * where the functions change form). tests/test_vmath.py checks these on samples. "libm": no
- * vector form here, call libm.
+ * (AVX-512, FMA), -march=x86-64-v3 and portable (SSE2, no FMA) builds: float32 over every input
+ * (python tools/ulp_sweep.py, against float64 numpy / scipy.special), float64 on 200,000 to
+ * 250,000 samples a function against mpmath (python tools/ulp_sweep.py --double 200000: random
+ * bit patterns over every binade, and dense where the functions change form).
+ * tests/test_vmath.py checks these bounds on samples. "libm": no vector form here, call libm.
+ * float32 exp and softplus reach their maximum on results below 2^-125 (subnormal results or
+ * intermediates); above, 0.64 and 0.69. sigmoidf: 1.10 on the portable build (no FMA for the
+ * quotient's residual); where the target has FMA, 0.78 (0.61 on results above 2^-125).
  *
  *   function    float32   float64
- *   exp         0.76      0.58
- *   expm1       0.69      0.61
- *   log         0.61      0.72
- *   log1p       0.67      0.87
- *   tanh        0.99      0.61
- *   sigmoid     1.08      0.57
- *   softplus    0.77      0.68
- *   erf         1.23      libm
+ *   exp         0.77      0.60
+ *   expm1       0.73      0.64
+ *   log         0.64      0.58
+ *   log1p       0.67      0.64
+ *   tanh        0.79      0.73
+ *   sigmoid     1.10      0.63
+ *   softplus    0.79      0.63
+ *   erf         0.80      libm
  *   erfc        0.51      libm
  *   sin         0.51      libm
  *   cos         0.51      libm
@@ -42,7 +45,13 @@
  *
  * sigmoid(x) = 1 / (1 + e^-x); softplus(x) = log(1 + e^x). sinf/cosf reduce x exactly for
  * |x| < 1.68e9 (n pi/2 in three 23-bit pieces, n < 2^30); beyond, the reduction loses bits
- * (about |x| 2^-52 absolute) and the result is only bounded to [-1, 1]; inf and NaN give NaN.
+ * (about |x| 2^-52 absolute; past 2^40, x counts as +-2^40) and the result is only bounded to
+ * [-1, 1]; inf and NaN give NaN.
+ *
+ * Builds with opkit's flags: -ffp-contract=off, and never -ffast-math or -fassociative-math
+ * (they would fold the exact sums, (a - s) + b, to 0). Keep the selects on float/double
+ * compares: a bit operation on a selected double can leave GCC an int64 select, which it
+ * cannot vectorize for SSE2 (tests/test_vmath.py compiles composed loops to catch that).
  */
 #ifndef OPKIT_MATH_H
 #define OPKIT_MATH_H
@@ -175,22 +184,6 @@ OPK_MATH_INLINE double opk_poly(double x, const double *c, int n)
     for (int i = n - 2; i >= 0; i--)
         r = OPK_FMA(r, x, c[i]);
     return r;
-}
-
-/* a * b == p + *e exactly (FMA, or Dekker's splitting into 12-bit halves) */
-OPK_MATH_INLINE float opk_two_prodf(float a, float b, float *e)
-{
-    float p = a * b;
-#if OPK_HAS_FMA
-    *e = __builtin_fmaf(a, b, -p);
-#else
-    const float split = 0x1p12f + 1.0f;
-    float ta = split * a, tb = split * b;
-    float ah = ta - (ta - a), al = a - ah;
-    float bh = tb - (tb - b), bl = b - bh;
-    *e = ((ah * bh - p) + ah * bl + al * bh) + al * bl;
-#endif
-    return p;
 }
 
 /* a * b == p + *e exactly (FMA, or Dekker's splitting into 26-bit halves) */
@@ -343,7 +336,7 @@ OPK_MATH_INLINE float opk_log1pf(float x)
 /* ------------------------------------------------------------ tanh, sigmoid, softplus (float) */
 
 /* tanh: a + a^3 P(a^2) below 0.625; above, 1 - q, q = 2 / D, D = e^2a + 1 = Dh + Dl (rounds to
- * 1 from 9.01 on). q is corrected by Dl and by its exact residual 2 - q Dh. */
+ * 1 from 9.01 on). q is corrected by Dl and, with FMA, by its exact residual 2 - q Dh. */
 OPK_MATH_INLINE float opk_tanhf(float x)
 {
     float a = opk_absf(x);
@@ -356,8 +349,11 @@ OPK_MATH_INLINE float opk_tanhf(float x)
     float Dh = Eh + 1.0f;  /* Fast2Sum: Eh >= 3.4 */
     float Dl = ((Eh - Dh) + 1.0f) + p.lo * sc;
     float q = 2.0f / Dh;
-    float pe, pp = opk_two_prodf(q, Dh, &pe);
-    float rho = (2.0f - pp) - pe;  /* the quotient's exact residual 2 - q Dh */
+#if OPK_HAS_FMA
+    float rho = __builtin_fmaf(-q, Dh, 2.0f);  /* the quotient's exact residual 2 - q Dh */
+#else
+    float rho = 0.0f;  /* Dekker's product costs more than the 0.2 ULP it would save */
+#endif
     float corr = (rho - q * Dl) * (0.5f * q);  /* 2 / (Dh + Dl) - q */
     float h = 1.0f - q;  /* Fast2Sum: 1 >= q */
     float big = h + (((1.0f - h) - q) - corr);
@@ -366,8 +362,9 @@ OPK_MATH_INLINE float opk_tanhf(float x)
 
 /* 1 / (1 + e^-x), as e^x / (1 + e^x) for x < 0 so the lower tail is exp-like (subnormal down
  * to -103.97). E = e^-|x| = Eh + El and D = 1 + E = Dh + Dl (Fast2Sum) are carried exactly
- * enough that only the quotient q = N / Dh rounds: q is corrected by (N - q Dh + Nl - q Dl) / Dh
- * (N - q Dh exact, opk_two_prodf), 1 / Dh ~ q (x >= 0) or 1 - q (x < 0). */
+ * enough that only the quotient q = N / Dh rounds: q is corrected by (N - q Dh + Nl - q Dl) / Dh,
+ * 1 / Dh ~ q (x >= 0) or 1 - q (x < 0); N - q Dh is exact with FMA, left out without (Dekker's
+ * product would cost more than the 0.3 ULP it saves). */
 OPK_MATH_INLINE float opk_sigmoidf(float x)
 {
     float xc = opk_absf(x);
@@ -380,8 +377,10 @@ OPK_MATH_INLINE float opk_sigmoidf(float x)
     float N = pos ? 1.0f : Eh, Nl = pos ? 0.0f : El;
     float q = N / Dh;
     float inv = pos ? q : 1.0f - q;
-    float pe, pp = opk_two_prodf(q, Dh, &pe);
-    return OPK_FMAF(((N - pp) - pe) + Nl - q * Dl, inv, q);
+#if OPK_HAS_FMA
+    Nl += __builtin_fmaf(-q, Dh, N);  /* the quotient's exact residual N - q Dh */
+#endif
+    return OPK_FMAF(Nl - q * Dl, inv, q);
 }
 
 /* log(1 + e^x) for x <= 20 (x beyond): e^x = Eh + El, 1 + Eh = u + c exactly (Fast2Sum in
@@ -414,19 +413,14 @@ OPK_MATH_INLINE double opk_exp_for_float(double z)
     return p * opk_asdouble((opk_asuint64(t) - opk_asuint64(OPK_MAGIC) + 1023u) << 52);
 }
 
-/* erf: a + a P(a^2) below 0.75 (P(0) = 2/sqrt(pi) - 1 is small, so its float rounding does not
- * show; a P is exact and added with Fast2Sum); above, 1 - e^Q(a) with Q ~ log(erfc(a)) on
+/* erf: a + a P(a^2) below 0.75 (P(0) = 2/sqrt(pi) - 1 is small, so neither its float rounding
+ * nor that of a P shows: a P is at most 7% of erf); above, 1 - e^Q(a) with Q ~ log(erfc(a)) on
  * [0.75, 4], in double (in float, Q's rounding alone would be a 2^-24 |Q| relative error of
  * erfc, and erfc(0.75) / erf(0.75) is 0.4); beyond 3.92 the result rounds to 1. */
 OPK_MATH_INLINE float opk_erff(float x)
 {
     float a = opk_absf(x);
-    int tiny = a < 0x1p-60f;  /* scaled up, so that Dekker's products do not underflow */
-    float as = tiny ? a * 0x1p64f : a;
-    float pe, pp = opk_two_prodf(as, OPK_POLYF(a * a, opk_c_erff_p), &pe);
-    float s = as + pp;
-    float small = s + (((as - s) + pp) + pe);
-    small = tiny ? small * 0x1p-64f : small;
+    float small = OPK_FMAF(a, OPK_POLYF(a * a, opk_c_erff_p), a);
     double ac = a > 4.0f ? 4.0f : a;
     float big = (float)(1.0 - opk_exp_for_float(OPK_POLY(ac, opk_c_erff_q)));
     return opk_signf(a < 0.75f ? small : big, x);
@@ -455,14 +449,15 @@ OPK_MATH_INLINE float opk_erfcf(float x)
 OPK_MATH_INLINE float opk_sincosf_k(float x, uint64_t quadrant)
 {
     double xd = x;
+    /* past the exact range, |x| <= 2^40 keeps r bounded (inf and NaN pass) */
+    xd = (xd > 0x1p40) & (xd < OPK_INF) ? 0x1p40 : xd;
+    xd = (xd < -0x1p40) & (xd > -OPK_INF) ? -0x1p40 : xd;
     double t = OPK_FMA(xd, 0x1.45f306dc9c883p-1, OPK_MAGIC);  /* 2/pi */
     double n = t - OPK_MAGIC;
     double r = OPK_FMA(n, -OPK_PIO2_1, xd);
     r = OPK_FMA(n, -OPK_PIO2_2, r);
     r = OPK_FMA(n, -OPK_PIO2_3, r);
     r = OPK_FMA(n, -OPK_PIO2_4, r);
-    double ra = opk_abs(r);  /* |r| <= 0.8 matters only past the exact range; NaN passes */
-    r = opk_sign(ra > 0.8 ? 0.8 : ra, r);  /* (a plain clamp on r stops SSE2 vectorizing) */
     double z = r * r;
     double s = r * OPK_FMA(z, OPK_POLY(z, opk_c_sinf_s), 1.0);  /* r (1 + ...): sin(-0) = -0 */
     double c = OPK_FMA(z, OPK_FMA(z, OPK_POLY(z, opk_c_cosf_c), -0.5), 1.0);
@@ -631,7 +626,7 @@ OPK_MATH_INLINE double opk_log1p(double x)
     double bp = u - 1.0;
     double c = (1.0 - (u - bp)) + (x - bp);
     opk_dd_t l = opk_log_parts(u, 0.0);
-    double y = opk_sign(l.hi + (l.lo + c / u), x);
+    double y = x == 0.0 ? x : l.hi + (l.lo + c / u);  /* -0 stays -0 */
     double special = x < -1.0 ? OPK_NAN : x;
     special = x == -1.0 ? -OPK_INF : special;
     return (x > -1.0) & (x < OPK_INF) ? y : special;
@@ -644,8 +639,8 @@ OPK_MATH_INLINE double opk_log1p(double x)
 OPK_MATH_INLINE double opk_tanh(double x)
 {
     double a = opk_abs(x);
-    double z = a * a;
-    double small = OPK_FMA(a * z, OPK_POLY(z, opk_c_tanh_p), a);
+    double z = x * x;
+    double small = OPK_FMA(x * z, OPK_POLY(z, opk_c_tanh_p), x);
     double ac = a > 22.0 ? 22.0 : a;  /* tanh rounds to 1 from 19.06 on */
     opk_exp_parts_t p = opk_exp_parts(2.0 * ac);
     double sc = p.s1 * p.s2;
@@ -657,7 +652,9 @@ OPK_MATH_INLINE double opk_tanh(double x)
     double corr = ((2.0 - pp) - pe - q * Dl) * (0.5 * q);  /* q_exact - q */
     double h = 1.0 - q;  /* Fast2Sum: 1 >= q */
     double big = h + (((1.0 - h) - q) - corr);
-    return opk_sign(a < 0.625 ? small : big, x);
+    /* the sign by selects: bit operations on a selected double can leave GCC an int64 select,
+     * which SSE2 cannot vectorize */
+    return x == 0.0 ? x : (a < 0.625 ? small : (x < 0.0 ? -big : big));
 }
 
 /* as opk_sigmoidf, with e^-|x| = Eh + El and the quotient's residual exact */

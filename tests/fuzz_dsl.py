@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List
 
 from hypothesis import strategies as st
 
@@ -286,7 +286,10 @@ class Reference:
             return torch.abs(self.number(arg, _gate(torch, env, (v != 0) & ~torch.isnan(v))))
         v = self.number(arg, env)
         fn = {"erf": torch.special.erf, "erfc": torch.special.erfc,
-              "softplus": lambda u: torch.logaddexp(u, torch.zeros_like(u))}.get(name)
+              "softplus": lambda u: torch.logaddexp(u, torch.zeros_like(u)),
+              # PyTorch's log1p gives 0 at the smallest subnormals (5e-324); below 2^-54
+              # log1p(u) rounds to u
+              "log1p": lambda u: torch.where(u.abs() < 2.0 ** -54, u, torch.log1p(u))}.get(name)
         out = fn(v) if fn is not None else getattr(torch, name)(v)
         return self._noisy(out, t) if name in ROUNDED else out
 
