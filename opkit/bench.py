@@ -16,7 +16,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -573,7 +573,7 @@ NUMPY_LIMIT = 1.0  # seconds per call beyond which the generic cases leave NumPy
 def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts: List[str],
                  passes: List[str], repeat: int, rng, budget: float = 1.0,
                  progress=None, notes: Optional[List[str]] = None,
-                 compiled: bool = True) -> List[Row]:
+                 compiled: bool = True, attrs: Sequence[str] = ()) -> List[Row]:
     """Each operator on inputs shaped like its first input, against the copy of the same bytes,
     NumPy running the same graph in the same dtype and PyTorch's own kernels where PyTorch has
     the computation (bench_torch.py). Every side writes into memory it has written before
@@ -583,8 +583,14 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
     out, and NumPy's column where one call would take longer than NUMPY_LIMIT seconds (predicted
     from the case's smaller size: its float16 convolutions take half a minute at 16M); `notes`
     hears of both. `compiled`: a torch.compile column beside PyTorch's eager one (each case
-    compiles its formula first)."""
+    compiles its formula first). `attrs`: NAME=VALUE texts, each set on the operators that have
+    the attr (the others keep their defaults; an attr none of them has is an error)."""
     import opkit
+    chosen = {name: _chosen_attrs(opkit.get(name), attrs) for name in names}
+    unused = [t for t in attrs if not any(t.partition("=")[0] in c for c in chosen.values())]
+    if unused:
+        raise ValueError(f"--attr {unused[0]!r}: none of {', '.join(names)} has the attr "
+                         f"{unused[0].partition('=')[0]!r}")
     cases = [(name, layout, size, dtype, pass_)
              for name in names for layout in _layouts_of(opkit.get(name), layouts)
              for size in sorted(sizes) for dtype in dtypes if dtype in opkit.get(name).spec.dtypes
@@ -595,7 +601,8 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
         warnings.simplefilter("ignore")  # (FusionWarning at build: `opkit show` tells it)
         start = time.perf_counter()
         for i, case in enumerate(cases):
-            label = f"{case[0]} {case[4]} {case[1]} {_size_text(case[2])} {case[3]}"
+            label = f"{_named(case[0], chosen[case[0]])} {case[4]} {case[1]} " \
+                f"{_size_text(case[2])} {case[3]}"
             if progress is not None:
                 elapsed = int(time.perf_counter() - start)
                 progress(f"[{i + 1}/{len(cases)} {elapsed // 60}:{elapsed % 60:02d}] {label}")
@@ -605,7 +612,7 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
                 notes.append(f"{label}: NumPy's column left out (about {predicted:.2g} s a call)")
             try:
                 row = _generic_row(*case, repeat, rng, budget, numpy=predicted <= NUMPY_LIMIT,
-                                   compiled=compiled)
+                                   compiled=compiled, chosen=chosen[case[0]])
             except ValueError as exc:  # (SpecError too) opkit refuses these shapes; it says why
                 notes.append(f"{label}: skipped: {exc}")
                 continue
@@ -646,8 +653,21 @@ def _size_text(n: int) -> str:
 _OTHER_DIMS = {"KH": 3, "KW": 3, "R": 3, "S": 3}
 
 
+def _chosen_attrs(op, texts: Sequence[str]) -> Dict[str, object]:
+    """The NAME=VALUE texts naming an attr of `op`, read as its declared types."""
+    from .cli import _attr_option
+    names = {a.name for a in op.spec.attrs}
+    return dict(_attr_option(op, t) for t in texts if t.partition("=")[0] in names)
+
+
+def _named(name: str, chosen: Dict[str, object]) -> str:
+    """gelu, or gelu[approximate=tanh] where attrs were chosen."""
+    return name + (f"[{','.join(f'{k}={v}' for k, v in chosen.items())}]" if chosen else "")
+
+
 def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
-                 numpy: bool = True, compiled: bool = True) -> Optional[Row]:
+                 numpy: bool = True, compiled: bool = True,
+                 chosen: Optional[Dict[str, object]] = None) -> Optional[Row]:
     import opkit
     from .runtime.bind import bind
     from .validate.cases import default_attrs
@@ -655,7 +675,7 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
     op = opkit.get(name)
     if pass_ == "backward" and not op.graphs.differentiable:
         return None
-    attrs = default_attrs(op.spec)
+    attrs = dict(default_attrs(op.spec), **(chosen or {}))
     shape = _shape_for(size, layout)
     logical = dict(zip(("N", "C", "H", "W"), shape if layout != "NHWC" else
                        (shape[0], shape[3], shape[1], shape[2])))
@@ -702,8 +722,8 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
     rounds["copy"] = [c * nbytes / (2 * main.nbytes) for c in rounds["copy"]]
     # (the rounds are kept: "vs copy" and "x torch" are medians of round-by-round ratios, so a
     # burst of load on the machine that slows both sides of one round cancels out)
-    return Row(f"{name} {pass_} {layout} {_size_text(size)}", name, pass_, dtype, shape, nbytes, t,
-               rounds)
+    return Row(f"{_named(name, chosen or {})} {pass_} {layout} {_size_text(size)}", name, pass_,
+               dtype, shape, nbytes, t, rounds)
 
 
 def _torch_column(op, pass_, bound, attrs, dys, grads, layout, compiled: bool = False):
@@ -823,6 +843,9 @@ def add_parser(sub) -> None:
     b.add_argument("--build-times", action="store_true", help="also time a cold and a warm `opkit build`")
     b.add_argument("--no-compile", action="store_true",
                    help="with operator names: leave out torch.compile's column (it compiles each case first)")
+    b.add_argument("--attr", action="append", default=[], metavar="NAME=VALUE",
+                   help="with operator names: set this attr where an operator has it (repeatable), "
+                        "e.g. --attr approximate=tanh for gelu's tanh form")
     b.add_argument("--check", action="store_true",
                    help="with operator names: check every row against the elementwise targets "
                         "(vs copy >= 0.8 float32 / 0.7 float16, x torch >= 1, x torch.compile >= 1)")
@@ -859,7 +882,7 @@ def main(args) -> int:
         rows = generic_rows(list(dict.fromkeys(names)), [_parse_size(s) for s in args.sizes.split(",")],
                             args.dtypes.split(","), args.layouts.split(","), args.passes.split(","),
                             args.repeat, rng, budget=args.budget, progress=_progress, notes=notes,
-                            compiled=not args.no_compile)
+                            compiled=not args.no_compile, attrs=args.attr)
         if args.check:
             results = elementwise_targets(rows)
     else:

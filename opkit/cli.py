@@ -480,9 +480,12 @@ def _attr_option(op, text: str):
         raise ValueError(f"--attr takes NAME=VALUE with NAME an attr of {op.name} ({known}), "
                          f"got {text!r}")
     typ = attrs[name].type
+    if typ == "str":
+        if attrs[name].choices and value not in attrs[name].choices:
+            raise ValueError(f"--attr {name}: expected one of {', '.join(attrs[name].choices)}, "
+                             f"got {value!r}")
+        return name, value
     try:
-        if typ == "str":
-            return name, value
         if typ == "bool":
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(value)

@@ -56,6 +56,28 @@ def test_the_torch_compile_column_times_the_compiled_formula(capsys):
     assert row.split()[-1] != "-" and row.split()[-2] != "-"   # compiled, timed, compared
 
 
+def test_an_attr_chosen_on_the_command_line_reaches_every_call(monkeypatch, capsys):
+    import importlib
+    bind_mod = importlib.import_module("opkit.runtime.bind")
+    seen = []
+    real = bind_mod.bind
+
+    def spy(spec, values, *args, **kwargs):
+        seen.append(values.get("alpha"))
+        return real(spec, values, *args, **kwargs)
+    monkeypatch.setattr(bind_mod, "bind", spy)
+    assert main(["bench", "leaky_relu", "--attr", "alpha=0.3", "--sizes", "16", "--dtypes",
+                 "float32", "--layouts", "ND", "--repeat", "2", "--json", "/dev/null",
+                 "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "leaky_relu[alpha=0.3] forward ND 16" in out and "leaky_relu[alpha=0.3] backward" in out
+    assert seen and set(seen) == {0.3}
+    assert main(["bench", "leaky_relu", "--attr", "slope=0.3", "--sizes", "16"]) != 0
+    assert "none of leaky_relu has the attr 'slope'" in capsys.readouterr().err
+    assert main(["bench", "leaky_relu", "--attr", "alpha=much", "--sizes", "16"]) != 0
+    assert "--attr alpha: expected a number, got 'much'" in capsys.readouterr().err
+
+
 def test_timed_takes_medians_of_interleaved_rounds():
     calls = []
     t = bench.timed({"a": lambda: calls.append("a"), "b": lambda: calls.append("b"), "none": None}, 3)
