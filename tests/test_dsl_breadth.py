@@ -67,6 +67,17 @@ def test_round_takes_ties_to_even():
                                   [0.0, 2.0, 2.0, -0.0, -2.0])
 
 
+@pytest.mark.parametrize("step", ["floor", "ceil", "round", "sign"])
+def test_a_step_functions_gradient_reaches_nothing_upstream(step):
+    """Gradient 0, not 0 times the slope upstream: exp(x) at inf, 1 / x at 0 (0 * inf = NaN)."""
+    spec, g = graphs(f"{step}(exp(x)) + {step}(1 / x) * x")
+    x = np.array([np.inf, 800.0, 0.0, -0.0, 1.0, -2.5])
+    with np.errstate(all="ignore"):
+        _, grads = run(spec, g, {"x": x}, dy=np.ones_like(x))
+        want = getattr(np, "rint" if step == "round" else step)(1 / x)
+    np.testing.assert_array_equal(grads["x"], want)   # d/dx of step(1/x) * x: step(1/x) alone
+
+
 def test_softplus_does_not_overflow():
     spec, g = graphs("softplus(x)")
     y, grads = run(spec, g, {"x": np.array([-1e4, -1000.0, 0.0, 1000.0, 1e4])}, dy=1.0)

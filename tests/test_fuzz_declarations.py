@@ -33,6 +33,9 @@ from fuzz_dsl import Call, declaration, evaluate, number  # noqa: E402
 EXPRESSIONS = 12          # outputs per operator: one kernel per pass computes them all
 LONG = os.environ.get("OPKIT_FUZZ", "ci") == "long"
 EXAMPLES = int(os.environ.get("OPKIT_FUZZ_EXAMPLES", "200")) if LONG else 6
+# two thirds of the declarations over N, C, H, W (per-channel, 0-d and optional inputs,
+# layouts), a third over plain arrays; one test each, so the two run on both cores
+EXAMPLES_4D, EXAMPLES_ND = EXAMPLES - EXAMPLES // 3, max(EXAMPLES // 3, 1)
 NOISE = 1e-10             # the reference's stand-in for rounding differently (fuzz_dsl.Reference)
 ILL = 1e-7                # a result moved by more than this (relative) by NOISE is ill-conditioned
 
@@ -42,8 +45,7 @@ SHAPES = {"small": (2, 3, 2, 3), "large": (2, 5, 9, 13)}  # N, C, H, W; large: p
 
 
 @st.composite
-def operators(draw):
-    family = draw(st.sampled_from(("4d", "4d", "nd")))
+def operators(draw, family):
     trees = draw(st.lists(number(family), min_size=EXPRESSIONS, max_size=EXPRESSIONS))
     return family, trees
 
@@ -157,12 +159,29 @@ def _summary():
           f"{REPORT['skipped']} left out as ill-conditioned")
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, database=None,
-          phases=list(Phase) if LONG else [Phase.explicit, Phase.generate],
-          suppress_health_check=list(HealthCheck), print_blob=True)
+def fuzz_settings(examples):
+    return settings(max_examples=examples, deadline=None, derandomize=not LONG, database=None,
+                    phases=list(Phase) if LONG else [Phase.explicit, Phase.generate],
+                    suppress_health_check=list(HealthCheck), print_blob=True)
+
+
+@fuzz_settings(EXAMPLES_4D)
 @pytest.mark.slow
-@given(case=operators(), data=st.data())
-def test_random_declarations_match_pytorch(case, data, tmp_path_factory):
+@given(case=operators("4d"), data=st.data())
+def test_random_4d_declarations_match_pytorch(case, data, tmp_path_factory):
+    check_declaration(case, data, tmp_path_factory)
+
+
+@fuzz_settings(EXAMPLES_ND)
+@pytest.mark.slow
+@given(case=operators("nd"), data=st.data())
+def test_random_nd_declarations_match_pytorch(case, data, tmp_path_factory):
+    check_declaration(case, data, tmp_path_factory)
+
+
+def check_declaration(case, data, tmp_path_factory):
+    """One random operator built, called on two sizes (drawn attrs, layout, views) and compared
+    with PyTorch forward and backward."""
     family, trees = case
     text = declaration("fuzz", family, trees)
     name = "fuzz_" + hashlib.sha256(text.encode()).hexdigest()[:12]

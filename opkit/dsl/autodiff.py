@@ -52,7 +52,9 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
         if library:  # a library call mixes elements: it needs the exact gradient everywhere
             c = Cotangent(applied(c))
         for arg, g_arg in zip(node.args, rule(c.value, node, *node.args)):
-            if g_arg is None or arg.kind != "float" or arg.op in ("attr", "const"):
+            # a step function's gradient is 0 and reaches nothing upstream: round(exp(x)) at
+            # x = inf is 0, never 0 * inf
+            if g_arg is None or g_arg is ZERO or arg.kind != "float" or arg.op in ("attr", "const"):
                 continue
             if isinstance(g_arg, Masked):
                 given = Cotangent(g_arg.value, _extend(c.flow, g_arg.cond), False)
