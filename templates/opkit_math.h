@@ -25,19 +25,21 @@
  * 250,000 samples a function against mpmath (python tools/ulp_sweep.py --double 200000: random
  * bit patterns over every binade, and dense where the functions change form).
  * tests/test_vmath.py checks these bounds on samples. "libm": no vector form here, call libm.
- * float32 exp and softplus reach their maximum on results below 2^-125 (subnormal results or
- * intermediates); above, 0.64 and 0.69. sigmoidf: 1.10 on the portable build (no FMA for the
- * quotient's residual); where the target has FMA, 0.78 (0.61 on results above 2^-125).
+ * float32 exp reaches its maximum on results below 2^-125 (subnormal results); above, 0.64.
+ * float32 tanh, sigmoid, softplus and erf, allowed 2 ULP, leave out the corrections that would
+ * make them sub-ULP, for speed (with FMA / portable): tanh 1.34 / 1.33 just above 0.625, where
+ * it changes form; sigmoid 1.13 / 1.17 near -16; softplus 0.94 / 1.05; erf 0.96 / 1.15 just
+ * above 0.75, where it changes form.
  *
  *   function    float32   float64
  *   exp         0.77      0.60
  *   expm1       0.73      0.64
  *   log         0.64      0.58
  *   log1p       0.67      0.64
- *   tanh        0.79      0.73
- *   sigmoid     1.10      0.63
- *   softplus    0.79      0.63
- *   erf         0.80      libm
+ *   tanh        1.34      0.73
+ *   sigmoid     1.17      0.63
+ *   softplus    1.05      0.63
+ *   erf         1.15      libm
  *   erfc        0.51      libm
  *   sin         0.51      libm
  *   cos         0.51      libm
@@ -108,6 +110,9 @@ static const double opk_c_expm1_q[12] = {
 static const float opk_c_logf_p[9] = {
     0x1.555548p-2f, -0x1.00000ap-2f, 0x1.99a468p-3f, -0x1.555a5ep-3f, 0x1.233c1p-3f,
     -0x1.fc72aep-4f, 0x1.e6ffe4p-4f, -0x1.dc3848p-4f, 0x1.119edcp-4f};
+static const float opk_c_softplusf_p[8] = {
+    0x1.5555a4p-2f, -0x1.00002cp-2f, 0x1.9968c6p-3f, -0x1.54f5aep-3f, 0x1.28a1acp-3f,
+    -0x1.0d6882p-3f, 0x1.aa6b4ep-4f, -0x1.6cb174p-5f};
 static const double opk_c_log_r[7] = {
     0x1.5555555555592p-1, 0x1.999999997ff19p-2, 0x1.24924941e1558p-2, 0x1.c71c521451543p-3,
     0x1.74663ced59814p-3, 0x1.39a1e8ca27d79p-3, 0x1.2f03ba335a27dp-3};
@@ -121,9 +126,9 @@ static const double opk_c_tanh_p[12] = {
 static const float opk_c_erff_p[6] = {
     0x1.06eba8p-3f, -0x1.81273ap-2f, 0x1.ce2acep-4f, -0x1.b7a75cp-6f, 0x1.4f188ap-8f,
     -0x1.613e5p-11f};
-static const double opk_c_erff_q[8] = {
-    0x1.05b589c4a9347p-13, -0x1.2117486b9f769p0, -0x1.448cc2e957f39p-1, -0x1.b8f623d4a264cp-4,
-    0x1.94a4906e9be4fp-6, -0x1.06666ced8a8bep-8, 0x1.a1f7641ec8449p-12, -0x1.2c051253781cbp-16};
+static const float opk_c_erff_h[7] = {
+    -0x1.5bd606p-1f, -0x1.73a5d2p-1f, 0x1.8987dp-3f, -0x1.b167eap-5f, 0x1.a03ed8p-7f,
+    -0x1.2d04bap-9f, 0x1.d74fd6p-13f};
 static const double opk_c_erfcf_g[13] = {
     -0x1.43f8332267bfp0, 0x1.ffe2cb7b4cd24p-1, 0x1.83abfaf96647p-2, 0x1.9521832d5f378p-5,
     0x1.f96dfadc01e8dp-4, -0x1.08cc0d8c8077ap0, 0x1.49e9771155904p1, -0x1.67636bcf55462p2,
@@ -185,6 +190,33 @@ OPK_MATH_INLINE double opk_poly(double x, const double *c, int n)
         r = OPK_FMA(r, x, c[i]);
     return r;
 }
+
+/* Estrin's scheme (n <= 16): depth log2(n) multiply-adds instead of Horner's n - 1, so that the
+ * loops, which latency bounds more than throughput, overlap more */
+#define OPK_ESTRINF(x, c) opk_estrinf((x), (c), OPK_LEN(c))
+OPK_MATH_INLINE float opk_estrinf(float x, const float *c, int n)
+{
+#define OPK_C_(i) c[(i) < n ? (i) : n - 1]
+#define OPK_P2_(i) (n > (i) + 1 ? OPK_FMAF(OPK_C_((i) + 1), x, OPK_C_(i)) : OPK_C_(i))
+    float x2 = x * x, x4 = x2 * x2, x8 = x4 * x4;
+    float a0 = OPK_P2_(0), a1 = OPK_P2_(2), a2 = OPK_P2_(4), a3 = OPK_P2_(6);
+    float a4 = OPK_P2_(8), a5 = OPK_P2_(10), a6 = OPK_P2_(12), a7 = OPK_P2_(14);
+    float b0 = n > 2 ? OPK_FMAF(a1, x2, a0) : a0, b1 = n > 6 ? OPK_FMAF(a3, x2, a2) : a2;
+    float b2 = n > 10 ? OPK_FMAF(a5, x2, a4) : a4, b3 = n > 14 ? OPK_FMAF(a7, x2, a6) : a6;
+    float d0 = n > 4 ? OPK_FMAF(b1, x4, b0) : b0, d1 = n > 12 ? OPK_FMAF(b3, x4, b2) : b2;
+    return n > 8 ? OPK_FMAF(d1, x8, d0) : d0;
+#undef OPK_C_
+#undef OPK_P2_
+}
+
+/* the polynomials of the functions allowed 2 ULP: without FMA, Horner's chain of dependent
+ * multiplies and adds is twice as long and its latency, more than the operation count, bounds
+ * the loop; with FMA, the count does */
+#if OPK_HAS_FMA
+#define OPK_POLYF_FAST OPK_POLYF
+#else
+#define OPK_POLYF_FAST OPK_ESTRINF
+#endif
 
 /* a * b == p + *e exactly (FMA, or Dekker's splitting into 26-bit halves) */
 OPK_MATH_INLINE double opk_two_prod(double a, double b, double *e)
@@ -335,70 +367,86 @@ OPK_MATH_INLINE float opk_log1pf(float x)
 
 /* ------------------------------------------------------------ tanh, sigmoid, softplus (float) */
 
-/* tanh: a + a^3 P(a^2) below 0.625; above, 1 - q, q = 2 / D, D = e^2a + 1 = Dh + Dl (rounds to
- * 1 from 9.01 on). q is corrected by Dl and, with FMA, by its exact residual 2 - q Dh. */
+/* e^x = (hi + lo) s1 s2 for x in [-104, 89] as opk_expf_parts, without its first-order term of
+ * r's rounding (d): hi is still e^r rounded once (1 + rh is split exactly), lo is its rounding
+ * error, and e^r's other errors are 2^-25 of an ULP. For the functions allowed 2 ULP. */
+OPK_MATH_INLINE opk_expf_parts_t opk_expf_lite_parts(float x)
+{
+    opk_expf_parts_t o;
+    float t = OPK_FMAF(x, 0x1.715476p0f, OPK_MAGICF);
+    float n = t - OPK_MAGICF;
+    float rh = OPK_FMAF(n, -OPK_LN2F_HI, x);
+    float rl = n * -OPK_LN2F_LO;
+    float r = rh + rl;
+    float one = 1.0f + rh;
+    float tail = ((1.0f - one) + rh) + OPK_FMAF(r * r, OPK_POLYF_FAST(r, opk_c_expf_q), rl);
+    o.hi = one + tail;
+    o.lo = (one - o.hi) + tail;
+    uint32_t nb = opk_asuint(t) - opk_asuint(OPK_MAGICF) + 254u;  /* n + 2 * bias, > 0 */
+    o.s1 = opk_asfloat((nb >> 1) << 23);
+    o.s2 = opk_asfloat((nb - (nb >> 1)) << 23);
+    return o;
+}
+
+/* e^x for x in [-87.3, 88.7] (a normal result): r = x - n ln2 and 1 + r + r^2 Q(r) rounded
+ * as they come (within 1 ULP), for tanh, whose other roundings dominate */
+OPK_MATH_INLINE float opk_expf_fast(float x)
+{
+    float t = OPK_FMAF(x, 0x1.715476p0f, OPK_MAGICF);
+    float n = t - OPK_MAGICF;
+    float r = OPK_FMAF(n, -OPK_LN2F_LO, OPK_FMAF(n, -OPK_LN2F_HI, x));
+    float p = OPK_FMAF(r * r, OPK_POLYF_FAST(r, opk_c_expf_q), r) + 1.0f;
+    return p * opk_asfloat((opk_asuint(t) - opk_asuint(OPK_MAGICF) + 127u) << 23);
+}
+
+/* tanh: a + a^3 P(a^2) below 0.625; above, 1 - q, q = 2 / (e^2a + 1) (rounds to 1 from 9.01
+ * on), plain: q <= 0.45 scales down the errors of e^2a, of the sum and of the quotient, and
+ * tanh >= 0.55 keeps 1 - q in [1/2, 1), so that one ULP of q is at most half one of tanh. */
 OPK_MATH_INLINE float opk_tanhf(float x)
 {
     float a = opk_absf(x);
     float z = a * a;
-    float small = OPK_FMAF(a * z, OPK_POLYF(z, opk_c_tanhf_p), a);
+    float small = OPK_FMAF(a * z, OPK_POLYF_FAST(z, opk_c_tanhf_p), a);
     float ac = a > 10.0f ? 10.0f : a;
-    opk_expf_parts_t p = opk_expf_parts(2.0f * ac);
-    float sc = p.s1 * p.s2;
-    float Eh = p.hi * sc;  /* exact */
-    float Dh = Eh + 1.0f;  /* Fast2Sum: Eh >= 3.4 */
-    float Dl = ((Eh - Dh) + 1.0f) + p.lo * sc;
-    float q = 2.0f / Dh;
-#if OPK_HAS_FMA
-    float rho = __builtin_fmaf(-q, Dh, 2.0f);  /* the quotient's exact residual 2 - q Dh */
-#else
-    float rho = 0.0f;  /* Dekker's product costs more than the 0.2 ULP it would save */
-#endif
-    float corr = (rho - q * Dl) * (0.5f * q);  /* 2 / (Dh + Dl) - q */
-    float h = 1.0f - q;  /* Fast2Sum: 1 >= q */
-    float big = h + (((1.0f - h) - q) - corr);
+    float big = 1.0f - 2.0f / (opk_expf_fast(2.0f * ac) + 1.0f);
     return opk_signf(a < 0.625f ? small : big, x);
 }
 
 /* 1 / (1 + e^-x), as e^x / (1 + e^x) for x < 0 so the lower tail is exp-like (subnormal down
- * to -103.97). E = e^-|x| = Eh + El and D = 1 + E = Dh + Dl (Fast2Sum) are carried exactly
- * enough that only the quotient q = N / Dh rounds: q is corrected by (N - q Dh + Nl - q Dl) / Dh,
- * 1 / Dh ~ q (x >= 0) or 1 - q (x < 0); N - q Dh is exact with FMA, left out without (Dekker's
- * product would cost more than the 0.3 ULP it saves). */
+ * to -103.97). E = e^-|x| = Eh + El (opk_expf_lite_parts) and D = 1 + Eh = Dh + Dl (Fast2Sum):
+ * the quotient q = N / Dh is corrected by (Nl - q (Dl + El)) / Dh, 1 / Dh ~ q (x >= 0) or 1 - q
+ * (x < 0). The quotient's own rounding is left (the 2 ULP allowed leave room for it). */
 OPK_MATH_INLINE float opk_sigmoidf(float x)
 {
-    float xc = opk_absf(x);
-    xc = xc > 104.0f ? 104.0f : xc;
-    opk_expf_parts_t p = opk_expf_parts(-xc);
-    float Eh = (p.hi * p.s1) * p.s2, El = (p.lo * p.s1) * p.s2;
+    float a = opk_absf(x);
+    opk_expf_parts_t p = opk_expf_lite_parts(a > 104.0f ? -104.0f : -a);
+    float Eh = (p.hi * p.s1) * p.s2, El = p.lo * (p.s1 * p.s2);
     float Dh = 1.0f + Eh;
     float Dl = ((1.0f - Dh) + Eh) + El;
     int pos = x >= 0.0f;
-    float N = pos ? 1.0f : Eh, Nl = pos ? 0.0f : El;
-    float q = N / Dh;
+    float q = (pos ? 1.0f : Eh) / Dh;
     float inv = pos ? q : 1.0f - q;
-#if OPK_HAS_FMA
-    Nl += __builtin_fmaf(-q, Dh, N);  /* the quotient's exact residual N - q Dh */
-#endif
-    return OPK_FMAF(Nl - q * Dl, inv, q);
+    return OPK_FMAF((pos ? 0.0f : El) - q * Dl, inv, q);
 }
 
-/* log(1 + e^x) for x <= 20 (x beyond): e^x = Eh + El, 1 + Eh = u + c exactly (Fast2Sum in
- * magnitude order), softplus = log(u) + (c + El) / u with log(u) = hi + lo as in opk_logf */
+/* max(x, 0) + log1p(E), E = e^-|x| in (0, 1]: f = E, or (E - 1) / 2 (exact) from E = 1/2 on,
+ * log1p(E) = log1p(f) or ln2 + log1p(f), log1p(f) = f - f^2/2 + f^3 P(f) on [-1/4, 1/2]. E's
+ * rounding error El enters as El / (1 + E) ~ El (1 - E/2); max(x, 0) + LN2F_HI is summed exactly
+ * (Fast2Sum), so that the sum rounds once. e^-104 rounds to 0: -inf gives 0, inf gives inf. */
 OPK_MATH_INLINE float opk_softplusf(float x)
 {
-    float xc = x < -104.0f ? -104.0f : x;
-    xc = xc > 20.0f ? 20.0f : xc;
-    opk_expf_parts_t p = opk_expf_parts(xc);
-    float Eh = (p.hi * p.s1) * p.s2, El = (p.lo * p.s1) * p.s2;
-    float big = Eh > 1.0f ? Eh : 1.0f, little = Eh > 1.0f ? 1.0f : Eh;
-    float u = big + little;
-    float c = ((big - u) + little) + El;
-    opk_ff_t l = opk_logf_parts(u, 0.0f);
-    float y = l.hi + (l.lo + c / u);
-    /* for E < 2^-14, log1p(E) = E - E^2/2 to 2^-29.6: u = 1 + E would lose E's bits */
-    y = Eh < 0x1p-14f ? Eh + OPK_FMAF(-0.5f * Eh, Eh, El) : y;
-    return x > 20.0f ? x : y;  /* softplus(x) rounds to x from 16.6 on; NaN passes */
+    float a = opk_absf(x);
+    opk_expf_parts_t p = opk_expf_lite_parts(a > 104.0f ? -104.0f : -a);
+    float E = (p.hi * p.s1) * p.s2, El = p.lo * (p.s1 * p.s2);
+    int hi = E >= 0.5f;
+    float f = hi ? OPK_FMAF(0.5f, E, -0.5f) : E;
+    float g = OPK_FMAF(f, OPK_POLYF_FAST(f, opk_c_softplusf_p), -0.5f);
+    float lp = OPK_FMAF(f * f, g, El * OPK_FMAF(-0.5f, E, 1.0f));  /* log1p(f) - f */
+    float mx = x > 0.0f ? x : 0.0f;
+    float k = hi ? OPK_LN2F_HI : 0.0f;
+    float s = k + mx;
+    float e = hi ? (k - s) + mx : 0.0f;  /* Fast2Sum (mx < 1 there); inf - inf elsewhere */
+    return s + (e + (f + (lp + (hi ? OPK_LN2F_LO : 0.0f))));
 }
 
 /* --------------------------------------------------------------------------------- erf (float) */
@@ -414,15 +462,31 @@ OPK_MATH_INLINE double opk_exp_for_float(double z)
 }
 
 /* erf: a + a P(a^2) below 0.75 (P(0) = 2/sqrt(pi) - 1 is small, so neither its float rounding
- * nor that of a P shows: a P is at most 7% of erf); above, 1 - e^Q(a) with Q ~ log(erfc(a)) on
- * [0.75, 4], in double (in float, Q's rounding alone would be a 2^-24 |Q| relative error of
- * erfc, and erfc(0.75) / erf(0.75) is 0.4); beyond 3.92 the result rounds to 1. */
+ * nor that of a P shows: a P is at most 7% of erf); above, 1 - e^z, z = H(a) - a^2 with H ~
+ * log(erfc(a)) + a^2 on [0.75, 4] (in a - 0.75), in float: e^z = erfc(a) <= 0.29 scales its
+ * errors down. a^2 = h + l exactly (FMA, or a's top 12 bits squared), z = n ln2 + r with
+ * -h - n LN2F_HI exact (n has 5 bits, h's ULP is small enough), so that z itself never rounds
+ * (its ULP at -1.25 would be 0.28 ULP of erf); beyond 3.92 the result rounds to 1. */
 OPK_MATH_INLINE float opk_erff(float x)
 {
     float a = opk_absf(x);
     float small = OPK_FMAF(a, OPK_POLYF(a * a, opk_c_erff_p), a);
-    double ac = a > 4.0f ? 4.0f : a;
-    float big = (float)(1.0 - opk_exp_for_float(OPK_POLY(ac, opk_c_erff_q)));
+    float ac = a > 4.0f ? 4.0f : a;  /* a NaN passes */
+#if OPK_HAS_FMA
+    float h = ac * ac, l = __builtin_fmaf(ac, ac, -h);
+#else
+    float at = opk_asfloat(opk_asuint(ac) & 0xfffff000u);
+    float h = at * at, l = (ac - at) * (ac + at);
+#endif
+    float H = OPK_POLYF_FAST(ac - 0.75f, opk_c_erff_h);
+    float t = OPK_FMAF(H - h, 0x1.715476p0f, OPK_MAGICF);
+    float n = t - OPK_MAGICF;
+    float rh = OPK_FMAF(n, -OPK_LN2F_HI, -h) + H;  /* the first sum exact */
+    float rl = OPK_FMAF(n, -OPK_LN2F_LO, -l);
+    float r = rh + rl;
+    float one = 1.0f + rh;
+    float p = one + (((1.0f - one) + rh) + OPK_FMAF(r * r, OPK_POLYF_FAST(r, opk_c_expf_q), rl));
+    float big = 1.0f - p * opk_asfloat((opk_asuint(t) - opk_asuint(OPK_MAGICF) + 127u) << 23);
     return opk_signf(a < 0.75f ? small : big, x);
 }
 

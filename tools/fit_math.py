@@ -208,7 +208,8 @@ F_LO, F_HI = SQH - 1, 2 * SQH - 1  # the mantissa m in [sqrt(1/2), sqrt(2)), f =
 S_MAX = (F_HI / (2 + F_HI)) * (1 + mp.mpf(2) ** -20)  # s = f / (2 + f): |s| <= 3 - 2 sqrt(2)
 PI4 = mp.pi / 4 * (1 + mp.mpf(2) ** -10)
 TANHF_T, TANH_T = mp.mpf("0.625"), mp.mpf("0.625")  # tanh's polynomial below T, exp above
-ERF_T = mp.mpf("0.75")  # erff's polynomial below, 1 - e^Q above
+ERF_T = mp.mpf("0.75")  # erff's polynomial below, 1 - e^(H - a^2) above
+ERF_C = mp.mpf("0.75")  # H in a - ERF_C: small where erfc, its weight, is largest
 ERFC_MAX = mp.mpf("10.5")  # erfcf(x) rounds to 0 beyond 10.06
 TINY = mp.mpf(10) ** -40  # stands for 0 where the fitted quotient has a removable singularity
 
@@ -236,6 +237,10 @@ def _fits():
     reg("expm1_q", False, _expm1_q, rel_q, -RHALF, 2 * RHALF, 11)
     # logf: log1p(f) = f - f^2/2 + f^3 P(f), error relative to log1p(f)
     reg("logf_p", True, _log1p_p, lambda f: f ** 3 / mp.log1p(f), F_LO, F_HI, 8)
+    # softplusf: log1p(E) for E = e^-|x| in (0, 1], reduced to f = E below 1/2, (E - 1) / 2
+    # (exact) above: log1p(f) = f - f^2/2 + f^3 P(f) on [-1/4, 1/2], relative
+    reg("softplusf_p", True, _log1p_p, lambda f: f ** 3 / mp.log1p(f), -mp.mpf(0.25),
+        mp.mpf(0.5), 7)
     # log (double): log1p(f) = 2s + s z P(z), s = f / (2 + f), z = s^2; relative to ~2s
     reg("log_r", False, lambda z: _atanh_r(z) / z, lambda z: z / 2, TINY, S_MAX ** 2, 6)
     # tanh(a) = a + a^3 P(a^2) on [0, T], relative
@@ -244,9 +249,10 @@ def _fits():
     reg("tanh_p", False, _tanh_p, rel_t, TINY, TANH_T ** 2, 11)
     # erff: erf(a) = a + a P(a^2) on [0, 0.75], relative
     reg("erff_p", True, _erf_p, lambda z: mp.sqrt(z) / mp.erf(mp.sqrt(z)), TINY, ERF_T ** 2, 5)
-    # erff on [0.75, 4], in double: erf = 1 - exp(Q(a)), Q ~ log(erfc(a)); dQ moves erf by
-    # erfc(a) dQ
-    reg("erff_q", False, lambda a: mp.log(mp.erfc(a)), lambda a: mp.erfc(a), ERF_T, 4, 7)
+    # erff on [0.75, 4], in float: erf = 1 - exp(H(a) - a^2), H = log(erfc(a)) + a^2 in
+    # u = a - ERF_C; dH moves erf by erfc(a) dH
+    reg("erff_h", True, lambda u: mp.log(mp.erfc(u + ERF_C)) + (u + ERF_C) ** 2,
+        lambda u: mp.erfc(u + ERF_C), ERF_T - ERF_C, 4 - ERF_C, 6)
     # erfcf, in double: erfc(a) = t exp(-a^2 + G(t)), t = 2 / (2 + a), all a in [0, 10.5]; an
     # error in G is a relative error of erfc
     reg("erfcf_g", False, _erfc_g, lambda t: 1, 2 / (2 + ERFC_MAX), 1, 12)
