@@ -47,16 +47,86 @@ def _table(torch, F) -> Dict[str, Expr]:
     }
 
 
+# SELU's constants, as PyTorch has them (torch.nn.SELU)
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+def _elu_args(name: str, a) -> Optional[tuple]:
+    """(alpha, scale, input_scale) of aten's elu for the ELU family (CELU is ELU with input
+    scale 1 / alpha, as PyTorch computes it)."""
+    return {"elu": lambda: (a["alpha"], 1.0, 1.0), "celu": lambda: (a["alpha"], 1.0, 1.0 / a["alpha"]),
+            "selu": lambda: (_SELU_ALPHA, _SELU_SCALE, 1.0)}.get(name, lambda: None)()
+
+
+def _forward_out(torch, name: str, a) -> Optional[Expr]:
+    """PyTorch's kernel for `name` writing into a given tensor (aten's out= overloads), so the
+    eager column allocates nothing, as opkit's out= does not; None where aten has none."""
+    A = torch.ops.aten
+    elu = _elu_args(name, a)
+    if elu is not None:
+        return lambda x, out: A.elu.out(x, *elu, out=out)
+    table = {
+        "relu": lambda x, out: A.clamp_min.out(x, 0, out=out),
+        "relu6": lambda x, out: A.hardtanh.out(x, 0.0, 6.0, out=out),
+        "hardtanh": lambda x, out: A.hardtanh.out(x, a.get("min_val"), a.get("max_val"), out=out),
+        "leaky_relu": lambda x, out: A.leaky_relu.out(x, a.get("alpha"), out=out),
+        "leakyrelu": lambda x, out: A.leaky_relu.out(x, a.get("alpha"), out=out),
+        "sigmoid": lambda x, out: A.sigmoid.out(x, out=out),
+        "tanh": lambda x, out: A.tanh.out(x, out=out),
+        "gelu": lambda x, out: A.gelu.out(x, approximate=a.get("approximate"), out=out),
+        "silu": lambda x, out: A.silu.out(x, out=out),
+        "mish": lambda x, out: A.mish.out(x, out=out),
+        "hardswish": lambda x, out: A.hardswish.out(x, out=out),
+        "logsigmoid": lambda x, out: A.log_sigmoid.out(x, out=out),
+        "softplus": lambda x, out: A.softplus.out(x, a.get("beta"), a.get("threshold"), out=out),
+    }
+    return table.get(name)
+
+
+def _backward_out(torch, name: str, a, x) -> Optional[Expr]:
+    """aten's backward kernel of `name` writing the gradient into a given tensor (what autograd
+    calls, without its allocations), as a function of (dy, out); None where aten has none.
+    Kernels that take the forward's result or buffer get it computed once, here."""
+    A = torch.ops.aten
+    elu = _elu_args(name, a)
+    if elu is not None:
+        return lambda dy, out: A.elu_backward.grad_input(dy, *elu, False, x, grad_input=out)
+    if name in ("sigmoid", "tanh"):
+        y = getattr(torch, name)(x)
+        kernel = getattr(A, f"{name}_backward").grad_input
+        return lambda dy, out: kernel(dy, y, grad_input=out)
+    if name == "logsigmoid":
+        _, buffer = A.log_sigmoid_forward(x)
+        return lambda dy, out: A.log_sigmoid_backward.grad_input(dy, x, buffer, grad_input=out)
+    table = {
+        "relu": lambda dy, out: A.threshold_backward.grad_input(dy, x, 0, grad_input=out),
+        "relu6": lambda dy, out: A.hardtanh_backward.grad_input(dy, x, 0.0, 6.0, grad_input=out),
+        "hardtanh": lambda dy, out: A.hardtanh_backward.grad_input(
+            dy, x, a.get("min_val"), a.get("max_val"), grad_input=out),
+        "leakyrelu": lambda dy, out: A.leaky_relu_backward.grad_input(
+            dy, x, a.get("alpha"), False, grad_input=out),
+        "gelu": lambda dy, out: A.gelu_backward.grad_input(
+            dy, x, approximate=a.get("approximate"), grad_input=out),
+        "silu": lambda dy, out: A.silu_backward.grad_input(dy, x, grad_input=out),
+        "hardswish": lambda dy, out: A.hardswish_backward.out(dy, x, out=out),
+        "softplus": lambda dy, out: A.softplus_backward.grad_input(
+            dy, x, a.get("beta"), a.get("threshold"), grad_input=out),
+    }
+    return table.get(name)
+
+
 def torch_pass(name: str, pass_: str, tensors: Dict[str, object], attrs: Dict[str, object],
                dy, grads_out, aligned, raw: Dict[str, object],
-               compiled: bool = False) -> Optional[Callable[[], object]]:
+               compiled: bool = False, out=None) -> Optional[Callable[[], object]]:
     """A call of PyTorch doing what opkit's `name` does in `pass_` (forward, or backward with
     the output gradient `dy`), or None when PyTorch has no such computation here.
     `grads_out`: tensors the backward may write into (aten's leaky_relu_backward does);
     `aligned(tensor, dims)` shapes a tensor over named dims to broadcast against x; `raw` are
     the inputs as given (a matmul's operands). `compiled`: the same formula through
     torch.compile (inductor, default mode; its backward is the compiled graph's): compiled and
-    run once here, None where that fails (no working compiler)."""
+    run once here, None where that fails (no working compiler). `out`: a tensor the eager
+    forward may write into. Eager PyTorch writes into `out` / `grads_out` wherever aten has the
+    kernel with an out= form (opkit is timed with out=); torch.compile allocates, as it does."""
     try:
         import torch
         import torch.nn.functional as F
@@ -72,12 +142,21 @@ def torch_pass(name: str, pass_: str, tensors: Dict[str, object], attrs: Dict[st
         call = lambda t: expr(t, attrs)
     if compiled:
         return _compiled(torch, call, pass_, tensors, dy)
+    single = set(tensors) == {"x"}  # the activations: x alone
     if pass_ == "forward":
+        kernel = _forward_out(torch, name, attrs) if single and out is not None else None
+        if kernel is not None:
+            x = tensors["x"]
+            return lambda: kernel(x, out)
         return lambda: call(tensors)
     if name == "leaky_relu" and grads_out is not None:
         op = torch.ops.aten.leaky_relu_backward.grad_input
-        x, out = tensors["x"], grads_out[0]
-        return lambda: op(dy, x, attrs["alpha"], False, grad_input=out)
+        x, gout = tensors["x"], grads_out[0]
+        return lambda: op(dy, x, attrs["alpha"], False, grad_input=gout)
+    kernel = _backward_out(torch, name, attrs, tensors["x"]) if single and grads_out else None
+    if kernel is not None:
+        gout = grads_out[0]
+        return lambda: kernel(dy, gout)
     leaves = {k: (v.detach().clone().requires_grad_() if v.is_floating_point() else v)
               for k, v in tensors.items()}
     y = call(leaves)

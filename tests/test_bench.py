@@ -125,6 +125,40 @@ def test_the_torch_column_computes_what_opkit_does(name, layout):
         np.testing.assert_allclose(g.numpy().reshape(e.shape), e, rtol=1e-12, atol=1e-14)
 
 
+ACTIVATIONS = ["relu", "relu6", "hardtanh", "leakyrelu", "sigmoid", "tanh", "elu", "celu", "selu",
+               "gelu", "silu", "mish", "hardswish", "logsigmoid", "softplus"]
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_the_eager_column_writes_what_pytorchs_function_computes(name, repo):
+    """The eager torch column calls aten's out= kernels: the same numbers as the torch.nn
+    function and its autograd (an attr left at its default would show here)."""
+    torch = pytest.importorskip("torch")
+    from opkit.bench_torch import torch_pass
+    from opkit.spec import parse_spec
+    from opkit.validate.cases import default_attrs
+    path = repo / "examples" / "activations" / f"{name}.yaml"
+    attrs = dict(default_attrs(parse_spec(path.read_text(), str(path))))
+    if "alpha" in attrs:  # (away from the defaults, so a dropped attr shows)
+        attrs["alpha"] = 0.7
+    x = torch.randn(1000, dtype=torch.float64) * 4
+    x[:4] = torch.tensor([0.0, -0.0, 6.0, -3.0], dtype=torch.float64)
+    dy = torch.randn(1000, dtype=torch.float64)
+    out, grad = torch.full_like(x, np.nan), torch.full_like(x, np.nan)
+    forward = torch_pass(name, "forward", {"x": x}, attrs, None, None, None, {}, out=out)
+    backward = torch_pass(name, "backward", {"x": x}, attrs, dy, [grad], None, {})
+    forward()
+    got = backward()  # aten's grad_input kernels return `grad`; autograd (mish) a tuple
+    got = got[0] if isinstance(got, tuple) else got
+    allocating = torch_pass(name, "forward", {"x": x}, attrs, None, None, None, {})
+    leaf = x.clone().requires_grad_()
+    want = torch_pass(name, "forward", {"x": leaf}, attrs, None, None, None, {})()
+    (want_grad,) = torch.autograd.grad(want, leaf, dy)
+    torch.testing.assert_close(out, allocating(), rtol=0, atol=0)
+    # (PyTorch's own celu autograd takes 1 / alpha in float32: 3e-7 off the exact slope)
+    torch.testing.assert_close(got, want_grad, rtol=1e-5 if name == "celu" else 1e-14, atol=1e-15)
+
+
 def test_a_contender_slower_than_a_fifth_of_the_budget_is_timed_once():
     import time
     calls = {"fast": 0, "slow": 0}
