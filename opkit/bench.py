@@ -655,9 +655,9 @@ _OTHER_DIMS = {"KH": 3, "KW": 3, "R": 3, "S": 3}
 
 def _chosen_attrs(op, texts: Sequence[str]) -> Dict[str, object]:
     """The NAME=VALUE texts naming an attr of `op`, read as its declared types."""
-    from .cli import _attr_option
+    from .cli import attr_option
     names = {a.name for a in op.spec.attrs}
-    return dict(_attr_option(op, t) for t in texts if t.partition("=")[0] in names)
+    return dict(attr_option(op, t) for t in texts if t.partition("=")[0] in names)
 
 
 def _named(name: str, chosen: Dict[str, object]) -> str:

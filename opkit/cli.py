@@ -471,7 +471,7 @@ def _shape_option(text: str):
     return name, tuple(int(d) if d.isdigit() else d for d in parts)
 
 
-def _attr_option(op, text: str):
+def attr_option(op, text: str):
     """`alpha=0.1` -> ("alpha", 0.1), read as the attr's declared type."""
     name, eq, value = text.partition("=")
     attrs = {a.name: a for a in op.spec.attrs}
@@ -518,7 +518,7 @@ def cmd_export(args) -> int:
                              f"inputs: {', '.join(op.spec.input_names)})")
         from .onnx.export import default_shapes
         inputs = default_shapes(op.spec, shapes, args.layout)
-    attrs = dict(_attr_option(op, t) for t in args.attr)
+    attrs = dict(attr_option(op, t) for t in args.attr)
     try:
         model = export(op, args.output, inputs, attrs, layout=args.layout, dtype=args.dtype,
                        opset=args.opset, backward=args.backward)
