@@ -88,7 +88,8 @@ def examples(n: int) -> int:
 INSTALL = {"torch": "pip install torch==2.13.0", "onnx": "pip install onnx onnxruntime",
            "onnxruntime": "pip install onnx onnxruntime", "scipy": "pip install scipy",
            "sklearn": "pip install scikit-learn", "matplotlib": "pip install matplotlib",
-           "ml_dtypes": "pip install ml_dtypes", "hypothesis": "pip install hypothesis"}
+           "ml_dtypes": "pip install ml_dtypes", "hypothesis": "pip install hypothesis",
+           "mpmath": "pip install mpmath"}
 _MISSING = re.compile(r"(?:could not import|No module named) '([\w.]+)'")
 
 
