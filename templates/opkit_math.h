@@ -244,7 +244,11 @@ OPK_MATH_INLINE double opk_two_prod(double a, double b, double *e)
  * is rounded once, by the last multiply, and 2^128 is reachable. */
 typedef struct { float s1, s2, hi, lo; } opk_expf_parts_t;
 
-OPK_MATH_INLINE opk_expf_parts_t opk_expf_parts(float x)
+/* `lite` (a constant at every call, so the compiler keeps one form): without the first-order
+ * term of r's rounding (d), and with the faster polynomial evaluation; hi is still e^r rounded
+ * once, lo its rounding error, and e^r's other errors are 2^-25 of an ULP. For the functions
+ * allowed 2 ULP (opk_expf_lite_parts). */
+OPK_MATH_INLINE opk_expf_parts_t opk_expf_parts_k(float x, int lite)
 {
     opk_expf_parts_t o;
     float t = OPK_FMAF(x, 0x1.715476p0f, OPK_MAGICF);
@@ -254,8 +258,8 @@ OPK_MATH_INLINE opk_expf_parts_t opk_expf_parts(float x)
     float r = rh + rl;
     float d = (rh - r) + rl;  /* r + d = rh + rl exactly */
     float one = 1.0f + rh;
-    float tail = ((1.0f - one) + rh) + OPK_FMAF(r * r, OPK_POLYF(r, opk_c_expf_q),
-                                               OPK_FMAF(d, r, rl));
+    float q = lite ? OPK_POLYF_FAST(r, opk_c_expf_q) : OPK_POLYF(r, opk_c_expf_q);
+    float tail = ((1.0f - one) + rh) + OPK_FMAF(r * r, q, lite ? rl : OPK_FMAF(d, r, rl));
     o.hi = one + tail;  /* hi = e^r rounded, lo its error (Fast2Sum again) */
     o.lo = (one - o.hi) + tail;
     uint32_t nb = opk_asuint(t) - opk_asuint(OPK_MAGICF) + 254u;  /* n + 2 * bias, > 0 */
@@ -263,6 +267,8 @@ OPK_MATH_INLINE opk_expf_parts_t opk_expf_parts(float x)
     o.s2 = opk_asfloat((nb - (nb >> 1)) << 23);
     return o;
 }
+
+OPK_MATH_INLINE opk_expf_parts_t opk_expf_parts(float x) { return opk_expf_parts_k(x, 0); }
 
 /* e^x; overflow to inf above 88.7228, gradual underflow down to 2^-149 */
 OPK_MATH_INLINE float opk_expf(float x)
@@ -367,26 +373,8 @@ OPK_MATH_INLINE float opk_log1pf(float x)
 
 /* ------------------------------------------------------------ tanh, sigmoid, softplus (float) */
 
-/* e^x = (hi + lo) s1 s2 for x in [-104, 89] as opk_expf_parts, without its first-order term of
- * r's rounding (d): hi is still e^r rounded once (1 + rh is split exactly), lo is its rounding
- * error, and e^r's other errors are 2^-25 of an ULP. For the functions allowed 2 ULP. */
-OPK_MATH_INLINE opk_expf_parts_t opk_expf_lite_parts(float x)
-{
-    opk_expf_parts_t o;
-    float t = OPK_FMAF(x, 0x1.715476p0f, OPK_MAGICF);
-    float n = t - OPK_MAGICF;
-    float rh = OPK_FMAF(n, -OPK_LN2F_HI, x);
-    float rl = n * -OPK_LN2F_LO;
-    float r = rh + rl;
-    float one = 1.0f + rh;
-    float tail = ((1.0f - one) + rh) + OPK_FMAF(r * r, OPK_POLYF_FAST(r, opk_c_expf_q), rl);
-    o.hi = one + tail;
-    o.lo = (one - o.hi) + tail;
-    uint32_t nb = opk_asuint(t) - opk_asuint(OPK_MAGICF) + 254u;  /* n + 2 * bias, > 0 */
-    o.s1 = opk_asfloat((nb >> 1) << 23);
-    o.s2 = opk_asfloat((nb - (nb >> 1)) << 23);
-    return o;
-}
+/* e^x = (hi + lo) s1 s2 as opk_expf_parts, lighter (see opk_expf_parts_k) */
+OPK_MATH_INLINE opk_expf_parts_t opk_expf_lite_parts(float x) { return opk_expf_parts_k(x, 1); }
 
 /* e^x for x in [-87.3, 88.7] (a normal result): r = x - n ln2 and 1 + r + r^2 Q(r) rounded
  * as they come (within 1 ULP), for tanh, whose other roundings dominate */
