@@ -497,3 +497,19 @@ def test_integer_kernel_uses_the_fixed_point_multiply():
 def test_listing_of_scalar_operands(text, right):
     _, _, lowered, _ = build(text)
     assert right in listing(lowered.forward.kernels[0], "float32")
+
+
+def test_every_vector_function_has_its_listing_sequence():
+    """Each function the C kernels compute with an opkit_math.h form has a TBE sequence of the
+    length its cost says, printed indented under the function's line."""
+    from opkit.codegen.c_ops import C
+    from opkit.lower.tbe import SEQUENCES, TBE
+    vector = sorted(p for p, f in C.items() if f.text.startswith("opk_"))
+    assert vector and all(TBE[p].vector in SEQUENCES for p in vector), vector
+    _, _, lowered, _ = build("softplus(x) + erf(x)")
+    text = listing(lowered.forward.kernels[0], "float32")
+    for prim in ("softplus", "erf"):
+        head = next(line for line in text if line.startswith(TBE[prim].vector + " "))
+        assert f"; {TBE[prim].cost:g} vector instructions:" in head
+        steps = text[text.index(head) + 1:text.index(head) + 1 + len(SEQUENCES[TBE[prim].vector])]
+        assert all(line.startswith("  ") for line in steps), steps

@@ -4,8 +4,9 @@ it costs.
 A primitive's meaning lives with it in dsl/primitives.py; this is the listing target's table
 (the C targets have theirs in codegen/c_ops.py). An entry is the vector-vector instruction, the
 vector-scalar form where TBE has one (`vmuls x, #0.2`), and the instructions an element costs.
-TBE has no single instruction for a transcendental: `EXPANSIONS` shows the sequence opkit's
-vector form runs (templates/opkit_math.h, float32), and its length is the cost.
+`EXPANSIONS` spells out the few instructions TBE lacks; TBE has no single instruction for a
+transcendental either, and `SEQUENCES` shows the sequence opkit's vector form runs
+(templates/opkit_math.h, float32), whose length is the cost.
 """
 from __future__ import annotations
 
@@ -64,32 +65,33 @@ SEQUENCES: Dict[str, List[str]] = {
               "vln {d}, {d}.u                ; 17 instructions, as vln",
               "vdiv {d}.c, {d}.c, {d}.u", "vadd {d}, {d}, {d}.c",
               "vcmple {d}.m, {0}, #-1", "vsel {d}, {d}.m, #nan/-inf, {d}"],
-    # tanh: a + a^3 P(a^2) below 0.625; above 1 - 2 / (e^2a + 1), the quotient corrected
+    # tanh: a + a^3 P(a^2) below 0.625; above 1 - 2 / (e^2a + 1), plain (within 2 ULP)
     "vtanh": ["vabs {d}.a, {0}", "vmul {d}.z, {d}.a, {d}.a",
               "vpoly5 {d}.s, {d}.z          ; 5 x vmla", "vmla {d}.s, {d}.a, {d}.s, {d}.a",
-              "vexp {d}.e, 2 {d}.a           ; 14 instructions, as vexp",
-              "vadds {d}.D, {d}.e, #1", "vrec {d}.q, {d}.D, #2",
-              "vmla {d}.q, {d}.q, {d}.res, {d}.q  ; residual correction (5)",
-              "vrsubs {d}.b, {d}.q, #1",
+              "vexp {d}.e, 2 {d}.a           ; 11 instructions, vexp without its error terms",
+              "vadds {d}.D, {d}.e, #1", "vrec {d}.q, {d}.D, #2", "vrsubs {d}.b, {d}.q, #1",
               "vcmplt {d}.m, {d}.a, #0.625", "vsel {d}, {d}.m, {d}.s, {d}.b",
               "vcopysign {d}, {d}, {0}"],
-    # 1 / (1 + e^-x), e^x / (1 + e^x) below 0: both tails exp-like
-    "vsigmoid": ["vabs {d}.a, {0}", "vexp {d}.e, -{d}.a          ; 14 instructions, as vexp",
-                 "vadds {d}.D, {d}.e, #1", "vcmpge {d}.m, {0}, #0",
-                 "vsel {d}.N, {d}.m, #1, {d}.e", "vdiv {d}.q, {d}.N, {d}.D",
-                 "vmla {d}, {d}.res, {d}.inv, {d}.q  ; residual correction (6)"],
-    # log(1 + e^x) = log(u) + c / u, u + c = 1 + e^x exactly
-    "vsoftplus": ["vexp {d}.e, {0}               ; 14 instructions, as vexp",
-                  "vmax {d}.b, {d}.e, #1", "vmin {d}.l, {d}.e, #1",
-                  "vtwosum {d}.c, {d}.u, {d}.b, {d}.l  ; 4 instructions",
-                  "vln {d}, {d}.u                ; 17 instructions, as vln",
-                  "vdiv {d}.c, {d}.c, {d}.u", "vadd {d}, {d}, {d}.c",
-                  "vcmpgt {d}.m, {0}, #20", "vsel {d}, {d}.m, {0}, {d}"],
-    # erf: a + a P(a^2) below 0.75, 1 - e^Q(a) above, in double
+    # 1 / (1 + e^-|x|), e^x / (1 + e^x) below 0: both tails exp-like; the sums' errors corrected
+    "vsigmoid": ["vabs {d}.a, {0}", "vexp {d}.e, -{d}.a          ; 12 instructions, as vexp",
+                 "vadds {d}.D, {d}.e, #1", "vtwosum {d}.Dl, {d}.D, {d}.e  ; 3 instructions",
+                 "vcmpge {d}.m, {0}, #0", "vsel {d}.N, {d}.m, #1, {d}.e", "vdiv {d}.q, {d}.N, {d}.D",
+                 "vrsubs {d}.inv, {d}.q, #1", "vsel {d}.inv, {d}.m, {d}.q, {d}.inv",
+                 "vmla {d}, {d}.res, {d}.inv, {d}.q  ; correction (3)"],
+    # max(x, 0) + log1p(e^-|x|): f = E, or (E - 1) / 2 from E = 1/2 on (+ ln 2),
+    # log1p(f) = f - f^2/2 + f^3 P(f)
+    "vsoftplus": ["vabs {d}.a, {0}", "vexp {d}.e, -{d}.a          ; 12 instructions, as vexp",
+                  "vcmpge {d}.m, {d}.e, #0.5", "vmla {d}.h, {d}.e, #0.5, #-0.5",
+                  "vsel {d}.f, {d}.m, {d}.h, {d}.e", "vpoly7 {d}.g, {d}.f          ; 7 x vmla",
+                  "vmla {d}.l, {d}.f2, {d}.g, {d}.el  ; 3 instructions",
+                  "vmaxs {d}.x, {0}, #0", "vfast2sum {d}.s, {d}.x, #ln2_hi  ; 4 instructions",
+                  "vadd {d}, {d}.s, {d}.f + {d}.l   ; 3 instructions"],
+    # erf: a + a P(a^2) below 0.75; above 1 - e^(H(a) - a^2), a^2 split exactly, in float
     "verf": ["vabs {d}.a, {0}", "vpoly5 {d}.s, a^2             ; 5 x vmla",
-             "vconv_f322f64 {d}.w, {d}.a", "vpoly7 {d}.q, {d}.w          ; 7 x vmla (f64)",
-             "vexp {d}.e, {d}.q (f64)       ; 8 instructions", "vrsubs {d}.b, {d}.e, #1",
-             "vconv_f642f32 {d}.b, {d}.b", "vcmplt {d}.m, {d}.a, #0.75",
+             "vmins {d}.c, {d}.a, #4", "vmul {d}.h, {d}.c, {d}.c", "vmla {d}.l, {d}.c, {d}.c, -{d}.h",
+             "vpoly6 {d}.H, {d}.c - 0.75    ; 6 x vmla",
+             "vexp {d}.e, {d}.H - {d}.h - {d}.l  ; 13 instructions, the argument never rounded",
+             "vrsubs {d}.b, {d}.e, #1", "vcmplt {d}.m, {d}.a, #0.75",
              "vsel {d}, {d}.m, {d}.s, {d}.b", "vcopysign {d}, {d}, {0}"],
     # erfc: t e^(-a^2 + G(t)), t = 2 / (2 + a), in double; 2 - erfc(-x) below 0
     "verfc": ["vconv_f322f64 {d}.a, |{0}|", "vadds {d}.t, {d}.a, #2", "vrec {d}.t, {d}.t, #2",
@@ -103,7 +105,7 @@ SEQUENCES: Dict[str, List[str]] = {
              "vmul {d}.z, {d}.r, {d}.r", "vpoly4 {d}.s, {d}.z ; 4 x vmla", "vpoly5 {d}.c, {d}.z ; 5 x vmla",
              "vand {d}.q, {d}.t, #1", "vsel {d}, {d}.q, {d}.c, {d}.s", "vxor {d}, {d}, quadrant sign",
              "vconv_f642f32 {d}, {d}"],
-    "vcos": ["vsin {d}, {0} + pi/2           ; 22 instructions, as vsin, quadrant + 1"],
+    "vcos": ["vsin {d}, {0} + pi/2           ; 26 instructions, as vsin, quadrant + 1"],
     # x ** y = 2^(y log2 x) in double, then C99's special cases as selects
     "vpow": ["vlog2 {d}.l, |{0}| (f64)       ; 12 instructions", "vmul {d}.w, {1}, {d}.l",
              "vexp2 {d}.p, {d}.w (f64)       ; 11 instructions", "vconv_f642f32 {d}, {d}.p",
@@ -121,8 +123,8 @@ TBE: Dict[str, Tbe] = {
     "floor": Tbe("vfloor", None), "ceil": Tbe("vceil", None), "round": Tbe("vround", None),
     "sign": Tbe("vsign", None, 3), "isnan": Tbe("vcmpne", None), "isinf": Tbe("visinf", None, 2),
     "exp": Tbe("vexp", None, 19), "expm1": Tbe("vexpm1", None, 32), "log": Tbe("vln", None, 24),
-    "log1p": Tbe("vln1p", None, 31), "tanh": Tbe("vtanh", None, 37),
-    "sigmoid": Tbe("vsigmoid", None, 26), "softplus": Tbe("vsoftplus", None, 45),
-    "erf": Tbe("verf", None, 30), "erfc": Tbe("verfc", None, 30),
+    "log1p": Tbe("vln1p", None, 31), "tanh": Tbe("vtanh", None, 26),
+    "sigmoid": Tbe("vsigmoid", None, 25), "softplus": Tbe("vsoftplus", None, 34),
+    "erf": Tbe("verf", None, 32), "erfc": Tbe("verfc", None, 30),
     "sin": Tbe("vsin", None, 26), "cos": Tbe("vcos", None, 26),
 }
