@@ -589,8 +589,9 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
     chosen = {name: _chosen_attrs(opkit.get(name), attrs) for name in names}
     unused = [t for t in attrs if not any(t.partition("=")[0] in c for c in chosen.values())]
     if unused:
+        have = sorted({a.name for n in names for a in opkit.get(n).spec.attrs})
         raise ValueError(f"--attr {unused[0]!r}: none of {', '.join(names)} has the attr "
-                         f"{unused[0].partition('=')[0]!r}")
+                         f"{unused[0].partition('=')[0]!r} (their attrs: {', '.join(have) or 'none'})")
     cases = [(name, layout, size, dtype, pass_)
              for name in names for layout in _layouts_of(opkit.get(name), layouts)
              for size in sorted(sizes) for dtype in dtypes if dtype in opkit.get(name).spec.dtypes

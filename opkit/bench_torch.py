@@ -54,8 +54,11 @@ _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804
 def _elu_args(name: str, a) -> Optional[tuple]:
     """(alpha, scale, input_scale) of aten's elu for the ELU family (CELU is ELU with input
     scale 1 / alpha, as PyTorch computes it)."""
-    return {"elu": lambda: (a["alpha"], 1.0, 1.0), "celu": lambda: (a["alpha"], 1.0, 1.0 / a["alpha"]),
-            "selu": lambda: (_SELU_ALPHA, _SELU_SCALE, 1.0)}.get(name, lambda: None)()
+    if name == "elu":
+        return a["alpha"], 1.0, 1.0
+    if name == "celu":
+        return a["alpha"], 1.0, 1.0 / a["alpha"]
+    return (_SELU_ALPHA, _SELU_SCALE, 1.0) if name == "selu" else None
 
 
 def _forward_out(torch, name: str, a) -> Optional[Expr]:
