@@ -73,7 +73,7 @@ C: Dict[str, CForm] = {
     "isnan": CForm("({0} != {0})"),
     "isinf": CForm("(fabs{f}({0}) == INFINITY)"),
     # templates/opkit_math.h; the bounds are tools/ulp_sweep.py's (every float32 input, float64
-    # on 2.6 million samples; the worst of the native, x86-64-v3 and portable builds)
+    # on 200,000-250,000 samples each; the worst of the native, x86-64-v3 and portable builds)
     "exp": CForm("opk_exp{f}({0})", ulp=(0.77, 0.60)),
     "expm1": CForm("opk_expm1{f}({0})", ulp=(0.73, 0.64)),
     "log": CForm("opk_log{f}({0})", ulp=(0.64, 0.58)),
