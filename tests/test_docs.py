@@ -283,6 +283,14 @@ outputs:
   batch_var: {{}}
 {FRAGMENT}
 """,
+    ("docs/spec.md", "forward:", "  ex: exp(x - max(x, K))"): f"""
+name: doc_softmax
+inputs:
+  x: {{dtypes: [float32, float64], shape: [N, K]}}
+outputs:
+  y: {{like: x}}
+{FRAGMENT}
+""",
     ("docs/precision.md", "attrs:"): f"""
 name: doc_quantize_attr
 inputs:

@@ -15,7 +15,8 @@ from opkit.validate.cases import default_attrs, make_cases, smooth  # noqa: E402
 
 from conftest import REPO  # noqa: E402
 
-EXAMPLE_FOLDERS = [p for p in (REPO / "examples" / "user_ops", REPO / "examples" / "activations")
+EXAMPLE_FOLDERS = [p for p in (REPO / "examples" / "user_ops", REPO / "examples" / "activations",
+                                 REPO / "examples" / "reductions")
                    if p.is_dir()]
 
 

@@ -814,9 +814,9 @@ def test_unknown_function():
     text = forward_text("gelu(x)")
     err = dsl_error(text)
     check(err, line_of(text, "gelu"), "forward.y: unknown function 'gelu'; the functions are: "
-          "abs, ceil, clamp, conv2d, cos, erf, erfc, exp, expm1, fft_down, fft_up, floor, isinf, "
-          "isnan, log, log1p, matmul, max, maximum, mean, min, minimum, pow, round, sigmoid, sign, "
-          "sin, softplus, sqrt, sum, tanh, where", col=col_of(text, "gelu"))
+          "abs, amax, amin, ceil, clamp, conv2d, cos, erf, erfc, exp, expm1, fft_down, fft_up, "
+          "floor, isinf, isnan, log, log1p, logsumexp, matmul, max, maximum, mean, min, minimum, "
+          "pow, round, sigmoid, sign, sin, softplus, sqrt, sum, tanh, where", col=col_of(text, "gelu"))
     assert caret(err) == ("gelu(x)", 0)
 
 
@@ -824,7 +824,7 @@ def test_unknown_function_with_suggestion():
     text = forward_text("x * sigmod(x)")
     err = dsl_error(text)
     check(err, line_of(text, "sigmod"), "unknown function 'sigmod'; did you mean 'sigmoid'?; "
-          "the functions are: abs, ceil, clamp", col=col_of(text, "sigmod"))
+          "the functions are: abs, amax, amin, ceil, clamp", col=col_of(text, "sigmod"))
     assert caret(err) == ("x * sigmod(x)", 4)
 
 
@@ -843,7 +843,7 @@ def test_constructs_outside_the_language(expr, token, what):
     text = forward_text(expr, quoted=True)
     err = dsl_error(text)
     check(err, line_of(text, expr), f"forward.y: {what} is not part of the expression language; "
-          "use numbers, names, + - * / **, comparisons, & | ~, and the functions abs, ceil")
+          "use numbers, names, + - * / **, comparisons, & | ~, and the functions abs, amax, amin, ceil")
     shown, at = caret(err)
     assert shown == expr and shown[at:].startswith(token)
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import named
 from .ir import FORMATTERS, Node
+from .primitives import ONE, ZERO, apply
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
 
@@ -122,7 +123,9 @@ def _reduced(v: Node, dim: str, what: str) -> Tuple[str, ...]:
         raise ValueError(f"{what}(v, D) needs a value with named dims (inputs with shape: [...] or "
                          "a 4-d layout)")
     if dim not in v.dims:
-        raise ValueError(f"{what}: {dim!r} is not a dim of its argument (dims {', '.join(v.dims)})")
+        also = " nor a value in scope" if what in ("max", "min") else ""
+        raise ValueError(f"{what}: {dim!r} is not a dim of its argument{also} (its dims: "
+                         f"{', '.join(v.dims)})")
     return tuple(d for d in v.dims if d != dim)
 
 
@@ -197,6 +200,86 @@ register(LibraryPrimitive("share", _run_share, _share_vjp, "vdivs",
 
 def dsl_mean(v: Node, dim: str) -> Node:
     return mean_over(v, _reduced(v, dim, "mean"))
+
+
+# ------------------------------------------------------------------------------ max / min over dims
+
+_EXTREMES = {"amax": (np.max, -np.inf, "max"), "amin": (np.min, np.inf, "min")}
+
+
+def _run_extreme(ctx: Context, args, params, prim: str):
+    (arr, names), = args
+    keep = params[0]
+    axes = tuple(i for i, n in enumerate(names) if n not in keep)
+    reduce, identity, _ = _EXTREMES[prim]
+    if axes and any(arr.shape[i] == 0 for i in axes):  # over nothing: the identity, as a sum's 0
+        arr = np.full([s for i, s in enumerate(arr.shape) if i not in axes], identity, arr.dtype)
+    elif axes:
+        arr = reduce(arr, axis=axes)  # NaN propagates
+    return arr, tuple(n for n in names if n in keep)
+
+
+def _extreme_vjp(g, out, v):
+    """PyTorch's amax / amin: the gradient shared evenly by the elements equal to the result
+    (g / count * hit: a NaN result, which no element equals, gives NaN, as PyTorch's)."""
+    hit = apply("where", apply("eq", v, out), ONE, ZERO)
+    return (apply("mul", apply("div", g, reduce_to(hit, out.dims)), hit),)
+
+
+def extreme_over(prim: str, v: Node, keep: Tuple[str, ...]) -> Node:
+    if v.op == prim:  # amax(amax(v, H), W): one reduction over both dims
+        v = v.args[0]
+    return Node(prim, (v,), (tuple(keep),), "float", tuple(keep))
+
+
+for _prim, (_, _identity, _word) in _EXTREMES.items():
+    register(LibraryPrimitive(
+        _prim, functools.partial(_run_extreme, prim=_prim), _extreme_vjp, f"vreduce_{_word}",
+        f"the {_word}imum over the dims not kept (named dims); NaN propagates; {_identity} over "
+        "nothing", format=lambda a, p, _w=_word: f"{_w}({a[0]}, keep=[{', '.join(p[0])}])"))
+
+
+def dsl_amax(v: Node, dim: str) -> Node:
+    return extreme_over("amax", v, _reduced(v, dim, "max"))
+
+
+def dsl_amin(v: Node, dim: str) -> Node:
+    return extreme_over("amin", v, _reduced(v, dim, "min"))
+
+
+# ------------------------------------------------------------------------------ logsumexp
+
+def _run_logsumexp(ctx: Context, args, params):
+    """log(sum(exp(v))) over the dims not kept, shifted by the max as PyTorch's logsumexp (an
+    infinite max shifts by 0), so that no exp overflows; -inf over nothing."""
+    (arr, names), = args
+    keep = params[0]
+    axes = tuple(i for i, n in enumerate(names) if n not in keep)
+    kept = tuple(n for n in names if n in keep)
+    if not axes:
+        return arr, names
+    if any(arr.shape[i] == 0 for i in axes):
+        return np.full([s for i, s in enumerate(arr.shape) if i not in axes], -np.inf, arr.dtype), kept
+    top = np.max(arr, axis=axes, keepdims=True)
+    top = np.where(np.isinf(top), 0, top).astype(arr.dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        total = np.exp(arr - top).sum(axis=axes, keepdims=True, dtype=ctx.accumulate or arr.dtype)
+        out = np.log(total) + top
+    return out.reshape([s for i, s in enumerate(arr.shape) if i not in axes]).astype(arr.dtype), kept
+
+
+def _logsumexp_vjp(g, out, v):
+    return (apply("mul", g, apply("exp", apply("sub", v, out))),)  # g times softmax(v)
+
+
+register(LibraryPrimitive("logsumexp", _run_logsumexp, _logsumexp_vjp, "vreduce_logsumexp",
+                          "log(sum(exp(v))) over the dims not kept, without overflow",
+                          format=lambda a, p: f"logsumexp({a[0]}, keep=[{', '.join(p[0])}])"))
+
+
+def dsl_logsumexp(v: Node, dim: str) -> Node:
+    return Node("logsumexp", (v,), (_reduced(v, dim, "logsumexp"),), "float",
+                _reduced(v, dim, "logsumexp"))
 
 
 # ------------------------------------------------------------------------------ einsum / matmul

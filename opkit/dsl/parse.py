@@ -38,9 +38,13 @@ _FUNCTIONS: Dict[str, tuple] = {
     "fft_up": (3, library.fft_up),
     "fft_down": (3, library.fft_down),
     "mean": (2, library.dsl_mean),
+    "amax": (2, library.dsl_amax),
+    "amin": (2, library.dsl_amin),
+    "logsumexp": (2, library.dsl_logsumexp),
     "conv2d": (4, library.conv2d),
 }
 FUNCTION_NAMES = tuple(sorted(_FUNCTIONS)) + tuple(sorted(CONSTANTS))
+_REDUCING = {"max": "amax", "min": "amin"}  # max(v, D) over a dim D: amax(v, D)
 
 
 _EXCERPT = 100  # characters of an expression an error message shows
@@ -173,7 +177,9 @@ class _Parser:
             return const(CONSTANTS[node.id])
         known = sorted(self.names)
         import difflib
-        close = difflib.get_close_matches(node.id, known + list(_FUNCTIONS), n=1)
+        # a name in scope at the usual closeness; a function name only when nearly the same
+        close = (difflib.get_close_matches(node.id, known, n=1) or
+                 difflib.get_close_matches(node.id, list(_FUNCTIONS), n=1, cutoff=0.8))
         hint = f"; did you mean {close[0]!r}?" if close else (f"; known names: {', '.join(known)}" if known else "")
         raise self.src.error(f"undefined name {node.id!r}{hint}", node)
 
@@ -326,15 +332,24 @@ class _Parser:
         starred = next((a for a in node.args if isinstance(a, ast.Starred)), None)
         if starred is not None:
             raise self.src.error("* arguments are not supported", starred)
-        kinds = _CALL_KINDS.get(fname, ("float",) * nargs)
+        _, _, kinds = self._form(node)
         return [a for a, kind in zip(node.args, kinds) if kind != "dim"]
 
-    def _Call(self, node: ast.Call) -> Node:
+    def _form(self, node: ast.Call):
+        """(builder, its name, argument kinds) of a call: `max(v, D)` and `min(v, D)` whose D is
+        a name that holds no value (a dim name) are the reductions amax and amin."""
         fname = node.func.id
-        if fname == "is_given":
-            return self._is_given(node)
+        last = node.args[-1] if node.args else None
+        if fname in _REDUCING and len(node.args) == 2 and isinstance(last, ast.Name) and \
+                last.id not in self.names and last.id not in CONSTANTS:
+            fname = _REDUCING[fname]
         nargs, builder = _FUNCTIONS[fname]
-        kinds = _CALL_KINDS.get(fname, ("float",) * nargs)
+        return builder, fname, _CALL_KINDS.get(fname, ("float",) * nargs)
+
+    def _Call(self, node: ast.Call) -> Node:
+        if node.func.id == "is_given":
+            return self._is_given(node)
+        builder, fname, kinds = self._form(node)
         args = []
         for i, (a, kind) in enumerate(zip(node.args, kinds)):
             if kind == "dim":  # a dim name such as H or K, not a value
@@ -364,6 +379,7 @@ class _Parser:
 
 _CALL_KINDS = {"sum": ("float", "dim"), "fft_up": ("float", "dim", "scalar"),
                "fft_down": ("float", "dim", "scalar"), "mean": ("float", "dim"),
+               "amax": ("float", "dim"), "amin": ("float", "dim"), "logsumexp": ("float", "dim"),
                "conv2d": ("float", "float", "scalar", "scalar"),
                **{p.function: p.arg_kinds for p in PRIMITIVES.values() if p.function}}
 

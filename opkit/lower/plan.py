@@ -145,7 +145,7 @@ class Kernel:
         text = ", ".join(map(str, self.outputs))
         for s in self.sums:
             what = (f"sum_to({s.args[0]}, {s.params[0]})" if s.prim == "sum_to"
-                    else f"sum({s.args[0]}, keep=[{', '.join(s.params[0])}])")
+                    else f"{s.prim}({s.args[0]}, keep=[{', '.join(s.params[0])}])")
             text += f"; {s.result} = {what} in the same pass"
         return text
 

@@ -1,4 +1,4 @@
-"""Fold sums into the kernel that computes what they add up.
+"""Fold sums and means into the kernel that computes what they add up.
 
 A backward pass sums gradients over the dims an input was broadcast along (dbias over N, H, W).
 As a library call after the kernel, that is a second pass over memory. Folded, the kernel adds
@@ -8,23 +8,27 @@ would outweigh the data, a size that depends on the shapes alone) and adds the c
 in order, so a sum is the same whatever the number of threads (templates/opkit_kernel.h,
 opk_chunk and opk_run_chunks). A sum the walk adds whole rows into is kept as lanes (LANE_BYTES
 an element), or, where the next row goes to another element, a row at a time (a double an
-element): the kernel decides from the geometry.
+element): the kernel decides from the geometry. A mean is such a sum, divided by the number of
+elements it adds once the partials are added up (the runtime: 0 / 0 is NaN for a mean of nothing).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Dict, List
 
-from .plan import Kernel, Kind, LibCall, Plan
+from .plan import LOAD, Instr, Kernel, Kind, LibCall, Plan, Reg, Value
 
 MAX_SUMS = 4            # sums one kernel may fold (OPK_MAXACC)
 SUM_CHUNK = 1 << 15     # elements per chunk of partial sums, at least (OPK_ACC_CHUNK)
 LANE_BYTES = 192        # a sum kept as lanes, per element (opk_lanes, OPK_LANE_BYTES)
+FOLDABLE = ("sum", "mean", "sum_to")
 
 
 def fold_sums(plan: Plan) -> Plan:
-    """The plan with every `sum` and `sum_to` of a kernel's temp folded into that kernel, up to
-    MAX_SUMS per kernel."""
+    """The plan with every `sum`, `mean` and `sum_to` of a kernel's temp folded into that kernel,
+    up to MAX_SUMS per kernel, and every `sum` and `mean` of an input run as a kernel of its own
+    that reads the input once and adds it up (no NumPy call, no copy)."""
+    plan = _input_reductions(plan)
     writer: Dict[object, Kernel] = {}
     for step in plan.steps:
         if isinstance(step, Kernel):
@@ -33,7 +37,7 @@ def fold_sums(plan: Plan) -> Plan:
     folded: Dict[str, List[LibCall]] = {}
     steps = []
     for step in plan.steps:
-        k = (writer.get(step.args[0]) if isinstance(step, LibCall) and step.prim in ("sum", "sum_to")
+        k = (writer.get(step.args[0]) if isinstance(step, LibCall) and step.prim in FOLDABLE
              else None)
         if k is not None and _foldable(step, k, folded.get(k.name, [])):
             folded.setdefault(k.name, []).append(step)
@@ -53,3 +57,30 @@ def _foldable(call: LibCall, k: Kernel, already: List[LibCall]) -> bool:
     if len(already) >= MAX_SUMS or call.args[0].kind is not Kind.TEMP:
         return False
     return call.prim == "sum_to" or (k.dims is not None and set(call.params[0]) <= set(k.dims))
+
+
+def _input_reductions(plan: Plan) -> Plan:
+    """Each `sum` or `mean` of an input of the pass (whose dims a kernel of the plan knows) as a
+    kernel that loads the input into a temp, which the sum folded into it reads (the runtime
+    then stores nothing)."""
+    dims_of = {}
+    for k in plan.kernels:
+        for v, d in zip(k.inputs, k.in_dims):
+            if v.kind is Kind.INPUT and d is not None:
+                dims_of.setdefault(v, d)
+    steps, temps = [], list(plan.temps)
+    for step in plan.steps:
+        arg = step.args[0] if isinstance(step, LibCall) and step.prim in ("sum", "mean") else None
+        dims = dims_of.get(arg) if arg is not None and arg.kind is Kind.INPUT else None
+        if dims is None or not set(step.params[0]) <= set(dims):
+            steps.append(step)
+            continue
+        temp = Value.temp(len(temps))
+        temps.append(temp)
+        load = Instr(Reg(0), LOAD, (), "float", slot=0)
+        steps.append(Kernel(f"{step.name}k", (arg,), (temp,), (), (load,), (load.dst,),
+                            (step.loc,) if step.loc is not None else (), dims, (dims,),
+                            (dataclasses.replace(step, args=(temp,)),)))
+    if len(temps) == len(plan.temps):
+        return plan
+    return dataclasses.replace(plan, steps=tuple(steps), temps=tuple(temps))

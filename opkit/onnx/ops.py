@@ -149,6 +149,32 @@ def _reduced(em, op: str, val: Val, axes, keep) -> Val:
                tuple(n for n in val.names if n in keep))
 
 
+def _reduced_attr_axes(em, op: str, val: Val, keep, opset: int) -> Val:
+    """ReduceMax / ReduceMin / ReduceLogSumExp over the dims not in `keep` (axes an input from
+    opset 18, an attribute before)."""
+    axes = [i for i, n in enumerate(val.names) if n not in keep]
+    if not axes:
+        return val
+    if opset >= 18:
+        return _reduced(em, op, val, axes, keep)
+    return Val(em.op(op, val.ref, axes=axes, keepdims=0), tuple(n for n in val.names if n in keep))
+
+
+@onnx_lowering("amax")
+def _amax(em, node, args, ctx) -> Val:
+    return _reduced_attr_axes(em, "ReduceMax", args[0], node.params[0], ctx.opset)
+
+
+@onnx_lowering("amin")
+def _amin(em, node, args, ctx) -> Val:
+    return _reduced_attr_axes(em, "ReduceMin", args[0], node.params[0], ctx.opset)
+
+
+@onnx_lowering("logsumexp")
+def _logsumexp(em, node, args, ctx) -> Val:
+    return _reduced_attr_axes(em, "ReduceLogSumExp", args[0], node.params[0], ctx.opset)
+
+
 @onnx_lowering("sum_to")
 def _sum_to(em, node, args, ctx) -> Val:
     """A gradient summed over the dims its input was broadcast along, in the input's shape."""

@@ -147,6 +147,18 @@ def _partials_layout(shape: Tuple[int, ...], lanes: bool) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(_ANCHOR, shape, tuple(reversed(strides)))
 
 
+def _mean_of(total: np.ndarray, summed: Array, keep: Tuple[str, ...]) -> np.ndarray:
+    """A folded mean: the float64 sum of `summed` over the dims not in `keep`, divided by the
+    number of elements it added (the mean of nothing is 0 / 0, NaN, as NumPy's)."""
+    arr, names = summed
+    count = 1
+    for n, size in zip(names, arr.shape):
+        if n not in keep:
+            count *= size
+    with np.errstate(invalid="ignore"):
+        return total / count
+
+
 @dataclass
 class _State:
     """What one run of a plan carries from step to step."""
@@ -374,7 +386,9 @@ class Executor:
         for v in later:
             np.clip(env[v][0], -clip, clip, out=env[v][0])
         for c, folded in zip(summed, sums):
-            self._put(c.result, (_narrowed(folded.total, st.temp_dtype), folded.names), env,
+            total = _mean_of(folded.total, env[c.args[0]], c.params[0]) if c.prim == "mean" \
+                else folded.total
+            self._put(c.result, (_narrowed(total, st.temp_dtype), folded.names), env,
                       out_dtypes, like, clip, st.temp_dtype, st.final)
 
     @staticmethod

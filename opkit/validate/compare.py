@@ -53,9 +53,11 @@ class Comparison:
     where: str = ""
 
     def add(self, actual: np.ndarray, expected: np.ndarray, dtype: str, label: str,
-            nan_ok: Optional[np.ndarray] = None) -> None:
+            nan_ok: Optional[np.ndarray] = None, spread: Optional[np.ndarray] = None) -> None:
         """Compare one result. A NaN must be matched by a NaN; where both are NaN they count as
-        equal only where `nan_ok` holds (given for gradients: where the forward result is NaN)."""
+        equal only where `nan_ok` holds (given for gradients: where the forward result is NaN).
+        `spread` (finite where given) widens the standard element by element: the conditioning
+        of a result after a reduction (check.SPREAD)."""
         atol, rtol = TOLERANCE[dtype]
         a = np.asarray(actual, dtype=np.float64)
         e = np.asarray(expected, dtype=np.float64)
@@ -82,7 +84,11 @@ class Comparison:
         fin = ~(nan_a | inf)
         if fin.any():
             err = np.abs(a[fin] - e[fin])
-            ratio = err / (atol + rtol * np.abs(e[fin]))
+            allowed = atol + rtol * np.abs(e[fin])
+            if spread is not None:
+                allowed = allowed + np.nan_to_num(np.broadcast_to(spread, a.shape)[fin], nan=0.0,
+                                                  posinf=0.0)
+            ratio = err / allowed
             k = int(np.argmax(ratio))
             if ratio[k] > self.worst:
                 self.worst = float(ratio[k])

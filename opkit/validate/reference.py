@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -16,11 +16,14 @@ Value = Tuple[np.ndarray, Tuple[str, ...]]
 
 
 def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
-             masks: Optional[List[np.ndarray]] = None, dtype=np.float64) -> Dict[str, Value]:
+             masks: Optional[List[np.ndarray]] = None, dtype=np.float64,
+             jitter: Optional[Callable] = None) -> Dict[str, Value]:
     """Outputs of `graph` for inputs `values` (name -> (array, names)) in float64 (or in
     `dtype`: the benchmark's plain-NumPy run of the same formula).
 
-    With `masks`, the values of the graph's kink conditions (graph.kinks) are appended to it."""
+    With `masks`, the values of the graph's kink conditions (graph.kinks) are appended to it.
+    `jitter(node, array)` may replace the value of each library call (validation's conditioning
+    estimate moves them by a rounding)."""
     env: Dict[int, Value] = {}
     dtype = np.dtype(dtype)
     inputs = {k: (v[0].astype(dtype, copy=False), v[1]) for k, v in values.items()}
@@ -36,6 +39,8 @@ def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
     with np.errstate(all="ignore"):
         for n in order:
             env[id(n)] = _value(n, env, inputs, attrs, ctx, dtype)
+            if jitter is not None and n.op in LIBRARY:
+                env[id(n)] = (jitter(n, env[id(n)][0]), env[id(n)][1])
             for a in n.args:
                 uses[id(a)] -= 1
                 if not uses[id(a)] and id(a) not in keep:
