@@ -156,8 +156,9 @@ def _torch_inputs(name, rng):
         x[1, 3] = x[1, 8] = x[1].max() + 2   # a tie for the max
         x[2, 4] = np.nan                     # NaN spreads over its row
         x[3, :] = -np.inf                    # a row of -inf
-        x[4, 0] = np.inf                     # +inf in a row
+        x[4, 0] = np.inf                     # +inf in a row: NaN over it, as PyTorch's
         x[5, :] = 1e30                       # large equal logits
+        x[6, 2] = 1e30                       # one large logit
         return [x]
     if name == "group_norm":
         return [rng.standard_normal((2, 3, 4, 5, 6)), rng.standard_normal((3, 4)), rng.standard_normal((3, 4))]

@@ -21,10 +21,10 @@ from .._version import __version__
 from ..dsl.graph import OpGraphs
 from .c_ops import C as C_OPS, MATH_FUNCTIONS, declaration, form as c_form, scalar_calls
 from ..backend import blas
-from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, Lowered, Reg, Schedule,
-                     compute_dtype, cost, listing, quantized)
+from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, LibCall, Lowered, Reg,
+                     Schedule, compute_dtype, cost, listing, quantized)
 from ..lower.fuse import MAX_OPERANDS
-from ..lower.reduce import LANE_BYTES, MAX_SUMS, SUM_CHUNK
+from ..lower.reduce import COMPILED_REDUCTIONS, LANE_BYTES, MAX_SUMS, SUM_CHUNK
 from ..lower.integer import fixed_point_factor
 from ..quantize import M_LIMIT
 from ..spec.model import DtypeLimit, OpSpec
@@ -543,9 +543,12 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     lib = blas()
     fused = [f for low in [lowered, *(o[2] for o in others)]
              for f in fused_contexts(low, kernels)] if lib is not None else []
+    reduces = any(isinstance(s, LibCall) and s.prim in COMPILED_REDUCTIONS
+                  for low in [lowered, *(o[2] for o in others)]
+                  for plan in (low.forward, low.backward) if plan is not None for s in plan.steps)
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
-        directs=directs, defines=header_defines(), fused=fused,
+        directs=directs, defines=header_defines(), fused=fused, reduces=reduces,
         math_functions=[declaration(f) for f in MATH_FUNCTIONS],
         blas=_printable(lib.describe()) if lib is not None else "")
 

@@ -53,10 +53,14 @@ class Context:
     the size of every dim (those of the inputs and those the calls create, see derive_sizes)."""
 
     def __init__(self, inputs: Dict[str, Value], accumulate=None,
-                 sizes: Optional[Dict[str, int]] = None):
+                 sizes: Optional[Dict[str, int]] = None, module=None, threads: int = 1):
         self.inputs = inputs
         self.accumulate = accumulate  # dtype for sums (float64 in the reference)
         self.sizes = dict(sizes) if sizes is not None else input_sizes(inputs)
+        # the operator's compiled module, where a call has one (the reference has none): its
+        # opk_reduce runs max, min and logsumexp (templates/opkit_reduce.h)
+        self.module = module
+        self.threads = threads
 
     def size(self, dim: str) -> int:
         return self.sizes[dim]
@@ -204,6 +208,38 @@ def dsl_mean(v: Node, dim: str) -> Node:
 
 # ------------------------------------------------------------------------------ max / min over dims
 
+def _run(arr: np.ndarray, axes) -> Optional[Tuple[int, int]]:
+    """(size, stride in bytes) of `axes` walked as one run (the largest stride first), or None
+    where they are not evenly spaced in memory."""
+    axes = sorted((a for a in axes if arr.shape[a] != 1), key=lambda a: -abs(arr.strides[a]))
+    size, stride = 1, arr.itemsize
+    for i, a in enumerate(axes):
+        if i + 1 < len(axes) and arr.strides[a] != arr.strides[axes[i + 1]] * arr.shape[axes[i + 1]]:
+            return None
+        size, stride = size * arr.shape[a], arr.strides[a]
+    return size, stride
+
+
+def _compiled(ctx: Context, arr: np.ndarray, names, keep, prim: str) -> Optional[np.ndarray]:
+    """The reduction by the module's opk_reduce, in the kept dims' order; None where it cannot
+    take this array (no module, a dtype or memory order it lacks): NumPy then reduces."""
+    fn = getattr(ctx.module, "opk_reduce", None)
+    if fn is None or arr.dtype not in (np.float32, np.float64):
+        return None
+    from ..lower.reduce import COMPILED_REDUCTIONS
+    kept = [i for i, n in enumerate(names) if n in keep]
+    rows, runs = _run(arr, kept), _run(arr, [i for i, n in enumerate(names) if n not in keep])
+    if rows is None or runs is None or not rows[0] or not runs[0]:
+        return None
+    # kept dims in memory order, so that they are one run of outputs; then put back in order
+    order = sorted(kept, key=lambda a: -abs(arr.strides[a]))
+    out = np.empty([arr.shape[a] for a in order], arr.dtype)
+    # runs start at the array's first element (index 0 along every dim)
+    if not fn(arr, rows[0], rows[1], runs[0], runs[1], out, COMPILED_REDUCTIONS[prim], ctx.threads):
+        return None
+    return out.transpose([order.index(a) for a in kept])
+
+
 _EXTREMES = {"amax": (np.max, -np.inf, "max"), "amin": (np.min, np.inf, "min")}
 
 
@@ -215,7 +251,8 @@ def _run_extreme(ctx: Context, args, params, prim: str):
     if axes and any(arr.shape[i] == 0 for i in axes):  # over nothing: the identity, as a sum's 0
         arr = np.full([s for i, s in enumerate(arr.shape) if i not in axes], identity, arr.dtype)
     elif axes:
-        arr = reduce(arr, axis=axes)  # NaN propagates
+        done = _compiled(ctx, arr, names, keep, prim)
+        arr = done if done is not None else reduce(arr, axis=axes)  # NaN propagates
     return arr, tuple(n for n in names if n in keep)
 
 
@@ -260,6 +297,9 @@ def _run_logsumexp(ctx: Context, args, params):
         return arr, names
     if any(arr.shape[i] == 0 for i in axes):
         return np.full([s for i, s in enumerate(arr.shape) if i not in axes], -np.inf, arr.dtype), kept
+    done = _compiled(ctx, arr, names, keep, "logsumexp")
+    if done is not None:
+        return done, kept
     top = np.max(arr, axis=axes, keepdims=True)
     top = np.where(np.isinf(top), 0, top).astype(arr.dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

@@ -22,6 +22,8 @@ MAX_SUMS = 4            # sums one kernel may fold (OPK_MAXACC)
 SUM_CHUNK = 1 << 15     # elements per chunk of partial sums, at least (OPK_ACC_CHUNK)
 LANE_BYTES = 192        # a sum kept as lanes, per element (opk_lanes, OPK_LANE_BYTES)
 FOLDABLE = ("sum", "mean", "sum_to")
+# the library reductions a module compiles (templates/opkit_reduce.h), with their OPK_R_* codes
+COMPILED_REDUCTIONS = {"amax": 0, "amin": 1, "logsumexp": 2}
 
 
 def fold_sums(plan: Plan) -> Plan:

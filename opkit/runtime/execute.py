@@ -333,7 +333,7 @@ class Executor:
         if isinstance(step, LibCall):
             if step.name in skipped:
                 return
-            self._library(step, env, bound, out_dtypes, like, clip, st.final)
+            self._library(step, env, bound, out_dtypes, like, clip, st.final, st.module)
             return
         ins = [env[v] for v in step.inputs]
         for vid in step.outputs:
@@ -608,8 +608,9 @@ class Executor:
         return geom
 
     def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like, clip=None,
-                 final=None) -> None:
-        ctx = Context(bound.values, sizes=bound.sizes)
+                 final=None, module=None) -> None:
+        ctx = Context(bound.values, sizes=bound.sizes, module=module,
+                      threads=setting("num_threads"))
         compute = _instance(bound.dtype)[1]
         args = []
         for a in step.args:
