@@ -337,3 +337,52 @@ class _Off:
 def test_validation_still_fails_a_wrong_result_after_a_reduction(name):
     report = validate_op(_Off(op(name)), dtypes=["float32"])
     assert not report.ok
+
+
+# ------------------------------------------------------------------ max, min, logsumexp compiled
+
+def _views(x):
+    """The same values in the memory orders the compiled reductions take (rows, columns) and
+    in ones they leave to NumPy (reversed runs)."""
+    return {"rows": x, "columns": np.asfortranarray(x), "rows reversed": x[::-1],
+            "reversed runs": x[:, ::-1], "strided": x[::2, ::3]}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(3, 1), (5, 17), (300, 513), (2, 40000)], ids=str)
+def test_compiled_reductions_match_numpy_in_every_memory_order(tmp_path, dtype, shape):
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(shape) * 20).astype(dtype)
+    x[0, -1] = np.nan
+    x[-1, 0] = np.inf
+    ops = {"max": _op_of(tmp_path / "a", "max(x, K)"), "min": _op_of(tmp_path / "b", "min(x, K)"),
+           "colmax": _op_of(tmp_path / "c", "max(x, N)")}
+    assert hasattr(ops["max"].module(), "opk_reduce")
+    for label, v in _views(x).items():
+        np.testing.assert_array_equal(ops["max"](v), v.max(1), err_msg=label)
+        np.testing.assert_array_equal(ops["min"](v), v.min(1), err_msg=label)
+        np.testing.assert_array_equal(ops["colmax"](v), v.max(0), err_msg=label)
+        want = torch_free_logsumexp(v.astype(np.float64))
+        got = op("logsumexp")(v)
+        np.testing.assert_allclose(got, want, rtol=2e-7 if dtype == np.float32 else 1e-14,
+                                   atol=0, err_msg=label)
+
+
+def torch_free_logsumexp(x):
+    m = x.max(1, keepdims=True)
+    m = np.where(np.isinf(m), 0, m)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.log(np.exp(x - m).sum(1, keepdims=True)) + m)[:, 0]
+
+
+@pytest.mark.parametrize("order", ["rows", "columns"])
+def test_compiled_reductions_do_not_depend_on_the_thread_count(order):
+    x = np.random.default_rng(9).standard_normal((777, 1001)).astype(np.float32)
+    x = x if order == "rows" else np.asfortranarray(x)
+    results = []
+    for n in (1, 2, 3):
+        with opkit.config(num_threads=n):
+            results.append((op("logsumexp")(x), op("softmax")(x), op("log_softmax")(x)))
+    for r in results[1:]:
+        for a, b in zip(r, results[0]):
+            assert np.array_equal(a, b)
