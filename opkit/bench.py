@@ -573,7 +573,8 @@ NUMPY_LIMIT = 1.0  # seconds per call beyond which the generic cases leave NumPy
 def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts: List[str],
                  passes: List[str], repeat: int, rng, budget: float = 1.0,
                  progress=None, notes: Optional[List[str]] = None,
-                 compiled: bool = True, attrs: Sequence[str] = ()) -> List[Row]:
+                 compiled: bool = True, attrs: Sequence[str] = (),
+                 dims: Optional[Dict[str, int]] = None) -> List[Row]:
     """Each operator on inputs shaped like its first input, against the copy of the same bytes,
     NumPy running the same graph in the same dtype and PyTorch's own kernels where PyTorch has
     the computation (bench_torch.py). Every side writes into memory it has written before
@@ -584,7 +585,9 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
     from the case's smaller size: its float16 convolutions take half a minute at 16M); `notes`
     hears of both. `compiled`: a torch.compile column beside PyTorch's eager one (each case
     compiles its formula first). `attrs`: NAME=VALUE texts, each set on the operators that have
-    the attr (the others keep their defaults; an attr none of them has is an error)."""
+    the attr (the others keep their defaults; an attr none of them has is an error). `dims`:
+    sizes of named dims (a softmax's K); with any of N, C, H, W they shape the 4-d inputs, and
+    `sizes` is not used."""
     import opkit
     chosen = {name: _chosen_attrs(opkit.get(name), attrs) for name in names}
     unused = [t for t in attrs if not any(t.partition("=")[0] in c for c in chosen.values())]
@@ -592,6 +595,9 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
         have = sorted({a.name for n in names for a in opkit.get(n).spec.attrs})
         raise ValueError(f"--attr {unused[0]!r}: none of {', '.join(names)} has the attr "
                          f"{unused[0].partition('=')[0]!r} (their attrs: {', '.join(have) or 'none'})")
+    dims = dims or {}
+    if any(d in dims for d in "NCHW"):
+        sizes = [0]  # (the dims give the shape)
     cases = [(name, layout, size, dtype, pass_)
              for name in names for layout in _layouts_of(opkit.get(name), layouts)
              for size in sorted(sizes) for dtype in dtypes if dtype in opkit.get(name).spec.dtypes
@@ -603,7 +609,7 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
         start = time.perf_counter()
         for i, case in enumerate(cases):
             label = f"{_named(case[0], chosen[case[0]])} {case[4]} {case[1]} " \
-                f"{_size_text(case[2])} {case[3]}"
+                f"{_size_text(case[2]) if case[2] else _dims_text(dims)} {case[3]}"
             if progress is not None:
                 elapsed = int(time.perf_counter() - start)
                 progress(f"[{i + 1}/{len(cases)} {elapsed // 60}:{elapsed % 60:02d}] {label}")
@@ -613,7 +619,7 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
                 notes.append(f"{label}: NumPy's column left out (about {predicted:.2g} s a call)")
             try:
                 row = _generic_row(*case, repeat, rng, budget, numpy=predicted <= NUMPY_LIMIT,
-                                   compiled=compiled, chosen=chosen[case[0]])
+                                   compiled=compiled, chosen=chosen[case[0]], dims=dims)
             except ValueError as exc:  # (SpecError too) opkit refuses these shapes; it says why
                 notes.append(f"{label}: skipped: {exc}")
                 continue
@@ -645,6 +651,10 @@ def _layouts_of(op, layouts: List[str]) -> List[str]:
     return [l for l in layouts if l in op.spec.layouts] or [op.spec.layouts[0]]
 
 
+def _dims_text(dims: Dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in dims.items())
+
+
 def _size_text(n: int) -> str:
     return f"{n >> 20}M" if n >= 1 << 20 and n % (1 << 20) == 0 else \
         f"{n >> 10}K" if n >= 1 << 10 and n % (1 << 10) == 0 else str(n)
@@ -661,6 +671,18 @@ def _chosen_attrs(op, texts: Sequence[str]) -> Dict[str, object]:
     return dict(attr_option(op, t) for t in texts if t.partition("=")[0] in names)
 
 
+def _dims_option(texts: Sequence[str]) -> Dict[str, int]:
+    """--dims NAME=SIZE texts as {name: size}; ValueError for a malformed one."""
+    out = {}
+    for t in texts:
+        name, _, value = t.partition("=")
+        if not name.isidentifier() or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"--dims {t!r}: expected NAME=SIZE with a positive whole size, "
+                             "e.g. K=4096")
+        out[name] = int(value)
+    return out
+
+
 def _named(name: str, chosen: Dict[str, object]) -> str:
     """gelu, or gelu[approximate=tanh] where attrs were chosen."""
     return name + (f"[{','.join(f'{k}={v}' for k, v in chosen.items())}]" if chosen else "")
@@ -668,7 +690,8 @@ def _named(name: str, chosen: Dict[str, object]) -> str:
 
 def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
                  numpy: bool = True, compiled: bool = True,
-                 chosen: Optional[Dict[str, object]] = None) -> Optional[Row]:
+                 chosen: Optional[Dict[str, object]] = None,
+                 dims: Optional[Dict[str, int]] = None) -> Optional[Row]:
     import opkit
     from .runtime.bind import bind
     from .validate.cases import default_attrs
@@ -677,9 +700,12 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
     if pass_ == "backward" and not op.graphs.differentiable:
         return None
     attrs = dict(default_attrs(op.spec), **(chosen or {}))
-    shape = _shape_for(size, layout)
+    shape = _shape_for(size or 4096, layout)
     logical = dict(zip(("N", "C", "H", "W"), shape if layout != "NHWC" else
                        (shape[0], shape[3], shape[1], shape[2])))
+    logical.update(dims or {})
+    if layout in ("NCHW", "NHWC"):
+        shape = tuple(logical[d] for d in layout)
     inputs = {}
     for i in op.spec.inputs:
         s = tuple(d if isinstance(d, int) else logical.get(d, _OTHER_DIMS.get(d, 16))
@@ -688,6 +714,7 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
         lo, hi = max(lo, -4.0), min(hi, 4.0)   # (float32 draws: a 16M case sets up fast)
         inputs[i.name] = (rng.random(s, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)).astype(dtype)
     main = inputs[op.spec.inputs[0].name]
+    shape, size = main.shape, size or main.size
     kw = dict(inputs, **attrs)
     if op.spec.layouts[0] != "ND":
         kw["layout"] = layout
@@ -723,7 +750,8 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
     rounds["copy"] = [c * nbytes / (2 * main.nbytes) for c in rounds["copy"]]
     # (the rounds are kept: "vs copy" and "x torch" are medians of round-by-round ratios, so a
     # burst of load on the machine that slows both sides of one round cancels out)
-    return Row(f"{_named(name, chosen or {})} {pass_} {layout} {_size_text(size)}", name, pass_,
+    where = _size_text(size) if not dims else "[" + ",".join(map(str, shape)) + "]"
+    return Row(f"{_named(name, chosen or {})} {pass_} {layout} {where}", name, pass_,
                dtype, shape, nbytes, t, rounds)
 
 
@@ -754,8 +782,8 @@ def _torch_column(op, pass_, bound, attrs, dys, grads, layout, compiled: bool = 
     gouts = [torch.from_numpy(g) for g in grads if g is not None] if grads is not None else None
     # (written once here, so its pages are mapped before the timing, as opkit's out= are)
     out = torch.zeros_like(tensors[op.spec.inputs[0].name]) if pass_ == "forward" else None
-    return torch_pass(op.name, pass_, tensors, dict(attrs), dy, gouts, aligned, raw, compiled,
-                      out)
+    return torch_pass(op.name, pass_, tensors, dict(attrs, _layout=layout), dy, gouts, aligned,
+                      raw, compiled, out)
 
 
 # ------------------------------------------------------------------------------- reports
@@ -850,6 +878,10 @@ def add_parser(sub) -> None:
     b.add_argument("--attr", action="append", default=[], metavar="NAME=VALUE",
                    help="with operator names: set this attr where an operator has it (repeatable), "
                         "e.g. --attr approximate=tanh for gelu's tanh form")
+    b.add_argument("--dims", action="append", default=[], metavar="NAME=SIZE",
+                   help="with operator names: the size of a named dim (repeatable), e.g. --dims "
+                        "N=4096 --dims K=4096 for a softmax over [N, K]; N, C, H and W also shape "
+                        "4-d inputs (then --sizes is not used)")
     b.add_argument("--check", action="store_true",
                    help="with operator names: check every row against the elementwise targets "
                         "(vs copy >= 0.8 float32 / 0.7 float16, x torch >= 1, x torch.compile >= 1)")
@@ -886,7 +918,8 @@ def main(args) -> int:
         rows = generic_rows(list(dict.fromkeys(names)), [_parse_size(s) for s in args.sizes.split(",")],
                             args.dtypes.split(","), args.layouts.split(","), args.passes.split(","),
                             args.repeat, rng, budget=args.budget, progress=_progress, notes=notes,
-                            compiled=not args.no_compile, attrs=args.attr)
+                            compiled=not args.no_compile, attrs=args.attr,
+                            dims=_dims_option(args.dims))
         if args.check:
             results = elementwise_targets(rows)
     else:

@@ -22,7 +22,31 @@ def _table(torch, F) -> Dict[str, Expr]:
         alpha = aligned(a["alpha_min"] + (a["alpha_max"] - a["alpha_min"]) * s, ("N", "C"))
         return torch.where(t["x"] > 0, t["x"], alpha * t["x"])
 
+    def over_c(fn):  # fn over the last dim, applied to the channel dim of NCHW or NHWC
+        def run(t, a):
+            x = t["x"] if a["_layout"] == "NHWC" else t["x"].permute(0, 2, 3, 1)
+            vec = {k: v.reshape(-1) for k, v in t.items() if k != "x"}
+            y = fn(x, vec, a)
+            return y if a["_layout"] == "NHWC" else y.permute(0, 3, 1, 2)
+        return run
+
+    def group_norm(t, a):
+        x = t["x"]
+        n, g = x.shape[:2]
+        w, b = (t[k].reshape(-1) if k in t else None for k in ("weight", "bias"))
+        return F.group_norm(x.reshape(n, -1, *x.shape[3:]), g, w, b, a["eps"]).reshape(x.shape)
+
     return {
+        "softmax": lambda t, a: torch.softmax(t["x"], -1),
+        "log_softmax": lambda t, a: torch.log_softmax(t["x"], -1),
+        "logsumexp": lambda t, a: torch.logsumexp(t["x"], -1),
+        "rms_norm": over_c(lambda x, v, a: F.rms_norm(x, x.shape[-1:], v.get("weight"), a["eps"])),
+        "layer_norm": over_c(lambda x, v, a: F.layer_norm(x, x.shape[-1:], v.get("weight"),
+                                                          v.get("bias"), a["eps"])),
+        "pixel_norm": over_c(lambda x, v, a: x * torch.rsqrt(x.square().mean(-1, keepdim=True) + a["eps"])),
+        "group_norm": group_norm,
+        "minibatch_stddev": lambda t, a: ((t["x"] - t["x"].mean(0)).square().mean(0)
+                                          + a["eps"]).sqrt().mean((1, 2, 3)),
         "leaky_relu": lambda t, a: F.leaky_relu(t["x"], a["alpha"]),
         "leakyrelu": lambda t, a: F.leaky_relu(t["x"], a["alpha"]),
         "spatial_leaky_relu": lambda t, a: torch.where(t["x"] > 0, t["x"], t["alpha_map"] * t["x"]),

@@ -102,7 +102,8 @@ def _torch_column_case(name, layout, pass_, dtype="float64"):
     if pass_ == "forward":
         b = bind(op.spec, {**inputs, **attrs}, layout, name)
         return bench._torch_column(op, pass_, b, attrs, None, None, layout), op(**kw)
-    dy = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(bind(op.spec, {**inputs, **attrs}, layout, name).outputs["y"][1])
+    dy = dy.astype(dtype)
     b = bind(op.spec, {**inputs, **attrs}, layout, name, [("dy", dy, "y")])
     grads = tuple(np.empty_like(inputs[n]) for n in op.spec.input_names)
     return bench._torch_column(op, pass_, b, attrs, (dy,), grads, layout), op.backward(dy, **kw)
@@ -210,3 +211,43 @@ def test_a_generic_row_compares_round_by_round():
     assert len(opk) == len(copy) == 7
     assert row.seconds["copy"] == pytest.approx(float(np.median(copy)))
     assert row.ratio("copy") == pytest.approx(float(np.median(np.array(copy) / np.array(opk))))
+
+
+REDUCTIONS = ["softmax", "log_softmax", "logsumexp", "rms_norm", "layer_norm", "group_norm",
+              "pixel_norm", "minibatch_stddev"]
+
+
+@pytest.fixture(scope="module")
+def reductions(repo):
+    import opkit
+    opkit.load(repo / "examples" / "reductions")
+
+
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_the_torch_column_of_the_reductions_computes_what_opkit_does(name, reductions):
+    torch = pytest.importorskip("torch")
+    import opkit
+    layouts = [l for l in ("NCHW", "NHWC") if l in opkit.get(name).spec.layouts] or ["ND"]
+    for layout in layouts:
+        for pass_ in ("forward", "backward"):
+            fn, expected = _torch_column_case(name, layout, pass_)
+            got = fn()
+            got = [got] if isinstance(got, torch.Tensor) else list(got)
+            expected = [expected] if isinstance(expected, np.ndarray) else \
+                [e for e in expected if e is not None]
+            assert len(got) == len(expected), (name, layout, pass_)
+            for g, e in zip(got, expected):
+                np.testing.assert_allclose(g.numpy().reshape(e.shape), e, rtol=1e-10, atol=1e-12,
+                                           err_msg=f"{name} {layout} {pass_}")
+
+
+def test_named_dims_chosen_on_the_command_line_shape_the_inputs(reductions, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "softmax", "rms_norm", "--dims", "N=3", "--dims", "K=5", "--dims",
+                 "C=4", "--dims", "H=2", "--dims", "W=6", "--layouts", "NHWC", "--dtypes",
+                 "float32", "--repeat", "2", "--no-compile", "--json", str(out)]) == 0
+    assert "softmax forward ND [3,5]" in capsys.readouterr().out
+    shapes = {r["op"]: r["shape"] for r in json.loads(out.read_text())["rows"]}
+    assert shapes == {"softmax": [3, 5], "rms_norm": [3, 2, 6, 4]}
+    assert main(["bench", "softmax", "--dims", "K=many"]) != 0
+    assert "--dims 'K=many': expected NAME=SIZE" in capsys.readouterr().err
