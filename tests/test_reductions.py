@@ -386,3 +386,13 @@ def test_compiled_reductions_do_not_depend_on_the_thread_count(order):
     for r in results[1:]:
         for a, b in zip(r, results[0]):
             assert np.array_equal(a, b)
+
+
+def test_the_listing_shows_a_folded_mean_added_up_not_stored():
+    from opkit.lower import cost, listing
+    kernel = op("rms_norm").lowered(op("rms_norm").variants[0]).forward.kernels[0]
+    lines = listing(kernel, "float32")
+    assert not any(line.startswith("vst") for line in lines), lines
+    assert any(line.startswith("vadd     acc.") and "float64 partials" in line for line in lines)
+    assert cost(kernel, "float32", 64).bytes_per_element == 4  # x read, nothing written
+    assert "mean(x, keep=" in kernel.describe_writes() or "not stored" in kernel.describe_writes()

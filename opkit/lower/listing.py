@@ -72,10 +72,18 @@ def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[st
             lines.append(f"{mnemonic:<8} {', '.join([dst] + args)}")
     for out, res in zip(kernel.outputs, kernel.results):
         src = _text(res, names)
-        if st != ct:
-            lines.append(f"vconv_{ct}2{st} {src}, {src}" + ("     ; saturate" if integer else ""))
-        lines.append(f"vst      gm.{out}, {src}")
-    return lines
+        if out not in kernel.discarded:
+            if st != ct:
+                lines.append(f"vconv_{ct}2{st} {src}, {src}" + ("     ; saturate" if integer else ""))
+            lines.append(f"vst      gm.{out}, {src}")
+        for s in kernel.sums:
+            if s.args[0] is out:  # added into float64 partials while the tile is in registers
+                what = "sum_to" if s.prim == "sum_to" else f"{s.prim} over the dims not in " \
+                    f"[{', '.join(s.params[0])}]"
+                lines += [f"vconv_{ct}2f64 {src}.w, {src}" if ct != "f64" else None,
+                          f"vadd     acc.{s.result}, acc.{s.result}, {src}{'.w' if ct != 'f64' else ''}"
+                          f"   ; {what}: float64 partials, vcadd at the end"]
+    return [line for line in lines if line is not None]
 
 
 _SWAPPED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
@@ -136,4 +144,6 @@ def cost(kernel: Kernel, dtype: str, vector_bytes: int) -> Cost:
     if dtype in ("float16", "bfloat16"):
         ops += len(kernel.operands)  # one conversion per load and store
     lanes = max(vector_bytes // _ITEMSIZE[compute_dtype(dtype)], 1)
-    return Cost(ops, _ITEMSIZE[dtype] * len(kernel.operands), lanes)
+    ops += 2 * len(kernel.sums)  # a conversion to float64 and an add a folded sum
+    moved = len(kernel.operands) - len(kernel.discarded)
+    return Cost(ops, _ITEMSIZE[dtype] * moved, lanes)

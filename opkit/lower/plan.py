@@ -127,6 +127,8 @@ class Kernel:
     # sums of its outputs folded into its pass (lower/reduce.py): each adds up an output over
     # the dims it does not keep, tile by tile while the tile is in cache
     sums: Tuple["LibCall", ...] = ()
+    # its temps that only those sums read: added up, never stored
+    discarded: Tuple[Value, ...] = ()
 
     @property
     def reads(self) -> Tuple[Value, ...]:
@@ -142,12 +144,22 @@ class Kernel:
 
     def describe_writes(self) -> str:
         """What it writes, the sums folded into its pass included (`opkit show`, the module)."""
-        text = ", ".join(map(str, self.outputs))
+        parts = [", ".join(str(v) for v in self.outputs if v not in self.discarded)]
         for s in self.sums:
-            what = (f"sum_to({s.args[0]}, {s.params[0]})" if s.prim == "sum_to"
-                    else f"{s.prim}({s.args[0]}, keep=[{', '.join(s.params[0])}])")
-            text += f"; {s.result} = {what} in the same pass"
-        return text
+            arg = self._shown(s.args[0])
+            what = (f"sum_to({arg}, {s.params[0]})" if s.prim == "sum_to"
+                    else f"{s.prim}({arg}, keep=[{', '.join(s.params[0])}])")
+            parts.append(f"{s.result} = {what} in the same pass")
+        return "; ".join(p for p in parts if p)
+
+    def _shown(self, value: Value) -> str:
+        """A value a folded sum adds up: a temp never stored shows as the input it loads, or as
+        the loop's value (it has no array)."""
+        if value not in self.discarded:
+            return str(value)
+        res = self.results[self.outputs.index(value)]
+        load = next((i for i in self.body if i.dst == res and i.op == LOAD), None)
+        return str(self.inputs[load.slot]) if load is not None else f"({value}, not stored)"
 
     @functools.cached_property
     def prologue(self) -> Tuple[Instr, ...]:

@@ -47,7 +47,14 @@ def fold_sums(plan: Plan) -> Plan:
         steps.append(step)
     if not folded:
         return plan
-    steps = [dataclasses.replace(s, sums=tuple(folded[s.name]))
+    # temps only sums read are not stored, unless a sum_to into an output may be the identity
+    # (the runtime then has the kernel write that output instead)
+    read = {v for s in steps for v in s.reads}
+    read |= {c.args[0] for calls in folded.values() for c in calls
+             if c.prim == "sum_to" and c.result.kind is Kind.OUTPUT}
+    steps = [dataclasses.replace(s, sums=tuple(folded[s.name]),
+                                 discarded=tuple(v for v in s.outputs if v.kind is Kind.TEMP
+                                                 and v not in read))
              if isinstance(s, Kernel) and s.name in folded else s for s in steps]
     return dataclasses.replace(plan, steps=tuple(steps))
 
@@ -82,7 +89,7 @@ def _input_reductions(plan: Plan) -> Plan:
         load = Instr(Reg(0), LOAD, (), "float", slot=0)
         steps.append(Kernel(f"{step.name}k", (arg,), (temp,), (), (load,), (load.dst,),
                             (step.loc,) if step.loc is not None else (), dims, (dims,),
-                            (dataclasses.replace(step, args=(temp,)),)))
+                            (dataclasses.replace(step, args=(temp,)),), (temp,)))
     if len(temps) == len(plan.temps):
         return plan
     return dataclasses.replace(plan, steps=tuple(steps), temps=tuple(temps))
