@@ -138,6 +138,10 @@ def _flags(target: Target, family: str) -> Tuple[str, ...]:
              "-Wno-unreachable-code"]
     if os.environ.get("OPKIT_OPENMP", "1") != "0":
         flags.append("-fopenmp")
+    if family == "gcc":
+        # two kernels of a module can be the same code (an operator's variants that share a
+        # pass): kept apart, each has the loop and the vectorization report `opkit show` reads
+        flags.append("-fno-ipa-icf")
     if target.isa == "native":
         flags.append("-march=native")
     elif target.isa == "portable":

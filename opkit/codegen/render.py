@@ -303,6 +303,10 @@ def loop_text(kernel: Kernel, instances: List[ComputeType], target: Target) -> s
         names = sorted({c for ct in floats for c in calls[ct.tag]})
         return (f"scalar (calls {', '.join(names)}: functions the C compiler does not "
                 "vectorize for this target without -ffast-math)")
+    if all(i.op == LOAD for i in kernel.body):
+        # values a folded sum adds up as they are (a sum of an input): the compiler may turn
+        # the plain copy into a call of memcpy instead of vectorizing it
+        return f"a copy: vectorized, {target.vector_bytes}-byte vectors, or a call of memcpy"
     text = f"vectorized, {target.vector_bytes}-byte vectors"
     for ct in floats:  # float64 keeps libm for the functions opkit_math.h has no vector form of
         if calls[ct.tag]:
