@@ -26,10 +26,11 @@
  * bit patterns over every binade, and dense where the functions change form).
  * tests/test_vmath.py checks these bounds on samples. "libm": no vector form here, call libm.
  * float32 exp reaches its maximum on results below 2^-125 (subnormal results); above, 0.64.
- * float32 tanh, sigmoid, softplus and erf, allowed 2 ULP, leave out the corrections that would
- * make them sub-ULP, for speed (with FMA / portable): tanh 1.34 / 1.33 just above 0.625, where
- * it changes form; sigmoid 1.13 / 1.17 near -16; softplus 0.94 / 1.05; erf 0.96 / 1.15 just
- * above 0.75, where it changes form.
+ * float32 tanh, sigmoid, softplus, erf and erfc, allowed 2 ULP, leave out the corrections that
+ * would make them sub-ULP, for speed (with FMA / portable): tanh 1.34 / 1.33 just above 0.625,
+ * where it changes form; sigmoid 1.13 / 1.17 near -16; softplus 0.94 / 1.05; erf 0.96 / 1.15 just
+ * above 0.75, where it changes form; erfc 1.19 / 1.30 near 3.66, the far end of its first
+ * polynomial.
  *
  *   function    float32   float64
  *   exp         0.77      0.60
@@ -40,7 +41,7 @@
  *   sigmoid     1.17      0.63
  *   softplus    1.05      0.63
  *   erf         1.15      libm
- *   erfc        0.51      libm
+ *   erfc        1.30      libm
  *   sin         0.51      libm
  *   cos         0.51      libm
  *   pow         0.51      libm
@@ -94,6 +95,14 @@
 #define OPK_PIO2_2 0x1.4442dp-24
 #define OPK_PIO2_3 0x1.846988p-48
 #define OPK_PIO2_4 0x1.8cc51701b839ap-72
+#define OPK_ERFCF_C0 -0x1.a3cp-2f
+#define OPK_ERFCF_U0 0x1.cp0f
+#define OPK_ERFCF_S0 -0x1.a8p-3f
+#define OPK_ERFCF_C1 -0x1.6cdp0f
+#define OPK_ERFCF_U1 0x1.b8p2f
+#define OPK_ERFCF_S1 -0x1.3p-4f
+#define OPK_ERFCF_T1 0x1.ep1f
+#define OPK_ERFCF_SUB 0x1.2639cp3f
 static const float opk_c_expf_q[6] = {
     0x1p-1f, 0x1.55552cp-3f, 0x1.555502p-5f, 0x1.1155a8p-7f, 0x1.6d2e48p-10f, 0x1.3b896ap-13f};
 static const double opk_c_exp_q[11] = {
@@ -129,14 +138,14 @@ static const float opk_c_erff_p[6] = {
 static const float opk_c_erff_h[7] = {
     -0x1.5bd606p-1f, -0x1.73a5d2p-1f, 0x1.8987dp-3f, -0x1.b167eap-5f, 0x1.a03ed8p-7f,
     -0x1.2d04bap-9f, 0x1.d74fd6p-13f};
-static const double opk_c_erfcf_g[13] = {
-    -0x1.43f8332267bfp0, 0x1.ffe2cb7b4cd24p-1, 0x1.83abfaf96647p-2, 0x1.9521832d5f378p-5,
-    0x1.f96dfadc01e8dp-4, -0x1.08cc0d8c8077ap0, 0x1.49e9771155904p1, -0x1.67636bcf55462p2,
-    0x1.0c37bf0eed541p3, -0x1.f084b84985cabp2, 0x1.15645c79ee8fdp2, -0x1.5ac92e6f622cbp0,
-    0x1.777ab5eb3847ep-3};
-static const double opk_c_expdf_q[6] = {
-    0x1.0000003a6f801p-1, 0x1.55555182dd6e8p-3, 0x1.5554888e623e2p-5, 0x1.1113f8f42e912p-7,
-    0x1.6d96a79abc4fdp-10, 0x1.9f716b214b47ap-13};
+static const float opk_c_erfcf_d0[10] = {
+    -0x1.3f680ep-4f, -0x1.7521f2p-5f, 0x1.70e242p-4f, -0x1.508148p-6f, 0x1.2f2ee6p-8f,
+    -0x1.fa0426p-11f, 0x1.6af6d4p-13f, -0x1.71948p-16f, 0x1.dcc97ap-21f, 0x1.38c716p-23f};
+static const float opk_c_erfcf_d1[10] = {
+    -0x1.e774a8p-5f, 0x1.834286p-8f, 0x1.46631p-7f, -0x1.dd600ap-11f, 0x1.817d5p-14f,
+    -0x1.4845e4p-17f, 0x1.1a218ep-20f, -0x1.a4dd52p-24f, 0x1.d0061p-27f, -0x1.814564p-29f};
+static const float opk_c_erfcf_q[6] = {
+    0x1p-1f, 0x1.55555p-3f, 0x1.55544cp-5f, 0x1.11160ep-7f, 0x1.6df984p-10f, 0x1.9cb5fep-13f};
 static const double opk_c_sinf_s[4] = {
     -0x1.5555554ca99a5p-3, 0x1.1111088a438c5p-7, -0x1.a00f93d784e91p-13, 0x1.6cd5fb4dfab1p-19};
 static const double opk_c_cosf_c[4] = {
@@ -439,16 +448,6 @@ OPK_MATH_INLINE float opk_softplusf(float x)
 
 /* --------------------------------------------------------------------------------- erf (float) */
 
-/* e^z in double, relative error 2^-32 (enough for a float result), z in [-700, 700] */
-OPK_MATH_INLINE double opk_exp_for_float(double z)
-{
-    double t = OPK_FMA(z, 0x1.71547652b82fep0, OPK_MAGIC);
-    double n = t - OPK_MAGIC;
-    double r = OPK_FMA(n, -0x1.62e42fefa39efp-1, z);
-    double p = OPK_FMA(r * r, OPK_POLY(r, opk_c_expdf_q), r) + 1.0;
-    return p * opk_asdouble((opk_asuint64(t) - opk_asuint64(OPK_MAGIC) + 1023u) << 52);
-}
-
 /* erf: a + a P(a^2) below 0.75 (P(0) = 2/sqrt(pi) - 1 is small, so neither its float rounding
  * nor that of a P shows: a P is at most 7% of erf); above, 1 - e^z, z = H(a) - a^2 with H ~
  * log(erfc(a)) + a^2 on [0.75, 4] (in a - 0.75), in float: e^z = erfc(a) <= 0.29 scales its
@@ -478,18 +477,66 @@ OPK_MATH_INLINE float opk_erff(float x)
     return opk_signf(a < 0.75f ? small : big, x);
 }
 
-/* erfc in double (float has too little room for exp(-a^2) times a second factor):
- * erfc(a) = t e^(-a^2 + G(t)), t = 2 / (2 + a), one polynomial for all a in [0, 10.5];
- * erfc(-a) = 2 - erfc(a). */
+/* -------------------------------------------------------------------------------- erfc (float) */
+
+/* erfc: below |x| = 0.75, 1 - x - x P(x^2) with erff's P and 1 - x split exactly (erfc >= 0.289
+ * there). Above, erfc(a) = e^z (a = |x|, clamped at 10.06: erfcf is 0 from 10.0546 on; a NaN
+ * passes), z = C + D(a - c) - (a - s)^2 in float on [0.75, 3.75) and [3.75, 10.06], the constants
+ * and D's coefficients selected per lane. An absolute error of z is a relative one of erfc, and
+ * 2^-24 relative is one ULP at most:
+ * - (a - s)^2 = h + l, h = bh^2 rounded (l: FMA, or bh's top 12 bits squared), a - s = bh + bl
+ *   (Fast2Sum). s is half the slope of log(erfc(a)) + a^2 over the interval: the exact square
+ *   carries that trend, and |D| <= 0.085 keeps D's roundings small. u = a - c is exact (c = 1.75
+ *   in the first interval: |u| <= 1 where a < 1).
+ * - z = n ln2 + rh + rl, n = rint((C - h) / ln2) without D, so |r| <= ln2/2 + 0.085 (erfcf_q's
+ *   range): C - n LN2F_HI - h is exact (C a multiple of 2^-12, h's ULP >= 2^-24, |rh| < 1/2), and
+ *   the rest, rl = D - l - n LN2F_LO, is small. e^r = one + tail as in opk_expf_parts, its
+ *   polynomial in Estrin's form even with FMA: a shorter chain after D's, measured faster.
+ * - 2^n = 2^(n+64) 2^-64. With FMA, from the a on where erfc < 2^-126, the last factor goes in as
+ *   fma(P, 2^-64, 2^-126) - 2^-126: the sum rounds on the subnormal grid and the subtraction is
+ *   exact, for a multiply that rounds to a subnormal stalls (a microcode assist on Zen 4, where
+ *   it made this loop a third slower over tools/vmath_bench.py's inputs). x < 0: 2 - e^z in the
+ *   same FMA.
+ * The interval is told by an integer compare: GCC threads a float one with the other compares of
+ * a and duplicates the polynomial on both paths. */
 OPK_MATH_INLINE float opk_erfcf(float x)
 {
-    double xd = x;
-    double a = opk_abs(xd);
-    a = a > 10.5 ? 10.5 : a;  /* erfcf is 0 from 10.06 on; a NaN passes */
-    double t = 2.0 / (2.0 + a);
-    double z = OPK_FMA(-a, a, OPK_POLY(t, opk_c_erfcf_g));
-    double r = t * opk_exp_for_float(z);
-    return (float)(xd < 0.0 ? 2.0 - r : r);
+    float a = opk_absf(x);
+    float s0 = 1.0f - x;
+    float small = s0 + OPK_FMAF(-x, OPK_POLYF(x * x, opk_c_erff_p), (1.0f - s0) - x);
+    float ac = a > 10.06f ? 10.06f : a;
+    int hi = (int32_t)opk_asuint(a) >= (int32_t)opk_asuint(OPK_ERFCF_T1);
+    float c = hi ? OPK_ERFCF_U1 : OPK_ERFCF_U0, s = hi ? OPK_ERFCF_S1 : OPK_ERFCF_S0;
+    float C = hi ? OPK_ERFCF_C1 : OPK_ERFCF_C0;
+    float d[OPK_LEN(opk_c_erfcf_d0)];
+    for (int i = 0; i < OPK_LEN(d); i++)
+        d[i] = hi ? opk_c_erfcf_d1[i] : opk_c_erfcf_d0[i];
+    float bh = ac - s;
+    float bl = (ac - bh) - s;
+#if OPK_HAS_FMA
+    float h = bh * bh, l = __builtin_fmaf(bh + bh, bl, __builtin_fmaf(bh, bh, -h));
+#else
+    float bt = opk_asfloat(opk_asuint(bh) & 0xfffff000u);
+    float h = bt * bt, l = (bh + bh) * bl + (bh - bt) * (bh + bt);
+#endif
+    float D = OPK_POLYF_FAST(ac - c, d);
+    float t = OPK_FMAF(C - h, 0x1.715476p0f, OPK_MAGICF);
+    float n = t - OPK_MAGICF;
+    float rh = OPK_FMAF(n, -OPK_LN2F_HI, C) - h;  /* exact */
+    float rl = D + OPK_FMAF(n, -OPK_LN2F_LO, -l);
+    float r = rh + rl;
+    float one = 1.0f + rh;
+    float tail = ((1.0f - one) + rh) + OPK_FMAF(r * r, OPK_ESTRINF(r, opk_c_erfcf_q), rl);
+    float s64 = opk_asfloat((opk_asuint(t) - opk_asuint(OPK_MAGICF) + 191u) << 23);  /* 2^(n+64) */
+    float P = OPK_FMAF(tail, s64, one * s64);
+#if OPK_HAS_FMA
+    float m = a >= OPK_ERFCF_SUB ? 0x1p-126f : 0.0f;
+    float big = x < 0.0f ? __builtin_fmaf(P, -0x1p-64f, 2.0f) : __builtin_fmaf(P, 0x1p-64f, m) - m;
+#else
+    float E = P * 0x1p-64f;
+    float big = x < 0.0f ? 2.0f - E : E;
+#endif
+    return a < 0.75f ? small : big;
 }
 
 /* ------------------------------------------------------------------------- sin, cos (float) */

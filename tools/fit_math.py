@@ -161,6 +161,69 @@ def fit(name, g, w, a, b, powers, single, npts=2000):
     return [rnd(v) for v in coefs], err
 
 
+def _exchange(err, m):
+    """m alternating extrema of err: the largest of each run of one sign, then the smallest
+    dropped (its two neighbours, now of one sign, merged into the larger) until m are left."""
+    ext, i, n = [], 0, len(err)
+    while i < n:
+        j, k = i, i
+        while j < n and (err[j] >= 0) == (err[i] >= 0):
+            if abs(err[j]) > abs(err[k]):
+                k = j
+            j += 1
+        ext.append(k)
+        i = j
+    while len(ext) > m:
+        if len(ext) == m + 1:
+            ext.pop(0 if abs(err[ext[0]]) < abs(err[ext[-1]]) else -1)
+            continue
+        q = min(range(len(ext)), key=lambda t: abs(err[ext[t]]))
+        if q in (0, len(ext) - 1):
+            ext.pop(q)
+        else:
+            a, b = ext[q - 1], ext[q + 1]
+            ext[q - 1:q + 2] = [a if abs(err[a]) >= abs(err[b]) else b]
+    return ext
+
+
+def _remez_dropping(xs, gs, ws, powers, iters=60):
+    """remez_samples with _exchange: it converges where weights near 0 leave many tiny
+    extrema (the quotient fits below)."""
+    n, m = len(powers), len(xs)
+    ref = sorted({min(m - 1, max(0, round((m - 1) * (1 - mp.cos(mp.pi * k / n)) / 2)))
+                  for k in range(n + 1)})
+    best = None
+    for _ in range(iters):
+        c, E = _solve([xs[i] for i in ref], [gs[i] for i in ref], [ws[i] for i in ref], powers)
+        err = [ws[i] * (gs[i] - _eval(c, powers, xs[i])) for i in range(m)]
+        emax = max(abs(e) for e in err)
+        if best is None or emax < best[1]:
+            best = (c, emax)
+        new = _exchange(err, n + 1)
+        if emax - abs(E) <= 1e-4 * emax or len(new) < n + 1 or new == ref:
+            break
+        ref = new
+    return best
+
+
+def fit_centered(g, w, a, b, degree, single, npts=2000):
+    """As fit, for an interval [a, b] holding 0: once c_0 .. c_{p-1} are rounded, the rest is
+    u^p Q(u), and Q is fitted to (g - done) / u^p with weight w |u|^p (powers p.. alone are no
+    Chebyshev system on an interval holding 0, and Remez fails on them)."""
+    rnd = to_f32 if single else to_f64
+    xs = _grid(a, b, npts)
+    gs = [g(x) for x in xs]
+    ws = [abs(w(x)) for x in xs]
+    done = []
+    for p in range(degree + 1):
+        target = [(gv - _eval(done, range(p), x)) / x ** p for x, gv in zip(xs, gs)]
+        c, _ = _remez_dropping(xs, target, [wv * abs(x) ** p for x, wv in zip(xs, ws)],
+                               list(range(degree + 1 - p)))
+        done.append(mp.mpf(rnd(c[0])))
+    err = max(abs(wv * (gv - _eval(done, range(degree + 1), x))) for x, gv, wv in zip(xs, gs, ws))
+    return [rnd(v) for v in done], err
+
+
 # ------------------------------------------------------------------------------ the functions
 
 LN2 = mp.log(2)
@@ -210,13 +273,35 @@ PI4 = mp.pi / 4 * (1 + mp.mpf(2) ** -10)
 TANHF_T, TANH_T = mp.mpf("0.625"), mp.mpf("0.625")  # tanh's polynomial below T, exp above
 ERF_T = mp.mpf("0.75")  # erff's polynomial below, 1 - e^(H - a^2) above
 ERF_C = mp.mpf("0.75")  # H in a - ERF_C: small where erfc, its weight, is largest
-ERFC_MAX = mp.mpf("10.5")  # erfcf(x) rounds to 0 beyond 10.06
 TINY = mp.mpf(10) ** -40  # stands for 0 where the fitted quotient has a removable singularity
 
+# erfcf above 0.75: erfc(a) = e^z, z = C + D(a - c) - (a - s)^2 on two intervals (lo, hi, c).
+# s is half the slope of the secant of log(erfc(a)) + a^2 (it is convex), so that
+# log(erfc(a)) + 2 s a - s^2 - C = D(a - c) stays small; c <= 1.75 keeps a - c exact for
+# a >= 0.75; C, rounded to 2^-12 (exact in C - n LN2F_HI), is the middle of D's range. erfcf(x)
+# is 0 beyond 10.0546 (a is clamped at 10.06).
+ERFCF_IV = ((mp.mpf("0.75"), mp.mpf("3.75"), mp.mpf("1.75")),
+            (mp.mpf("3.75"), mp.mpf("10.06"), mp.mpf("6.875")))
 
-def _erfc_g(t):  # erfc(a) = t exp(-a^2 + G(t)), t = 2 / (2 + a)
-    a = 2 / t - 2
-    return mp.log(mp.erfc(a) / t) + a * a
+
+def _erfc_l(a):  # log(erfc(a)) + a^2, smooth and slowly varying
+    return mp.log(mp.erfc(a)) + a * a
+
+
+def erfcf_interval(k):
+    """(lo, hi, c, s, C, max |D|) of erfcf's interval k."""
+    lo, hi, c = ERFCF_IV[k]
+    s = mp.nint((_erfc_l(hi) - _erfc_l(lo)) / (hi - lo) / 2 * 256) / 256
+    vals = [_erfc_l(x) - 2 * s * x + s * s for x in (lo + (hi - lo) * i / 400 for i in range(401))]
+    C = mp.nint((max(vals) + min(vals)) / 2 * 4096) / 4096
+    return lo, hi, c, s, C, max(abs(v - C) for v in vals)
+
+
+def _erfc_ulps(a):
+    """erfc(a) / ulp(erfc(a)) 2^-24: in [1/2, 1) for a normal float result, below for a
+    subnormal one (an error of z weighted by it is in ULP / 2^24)."""
+    e = mp.erfc(a)
+    return e * mp.mpf(2) ** (-1 - max(int(mp.floor(mp.log(e, 2))), -126))
 
 
 def _fits():
@@ -253,11 +338,19 @@ def _fits():
     # u = a - ERF_C; dH moves erf by erfc(a) dH
     reg("erff_h", True, lambda u: mp.log(mp.erfc(u + ERF_C)) + (u + ERF_C) ** 2,
         lambda u: mp.erfc(u + ERF_C), ERF_T - ERF_C, 4 - ERF_C, 6)
-    # erfcf, in double: erfc(a) = t exp(-a^2 + G(t)), t = 2 / (2 + a), all a in [0, 10.5]; an
-    # error in G is a relative error of erfc
-    reg("erfcf_g", False, _erfc_g, lambda t: 1, 2 / (2 + ERFC_MAX), 1, 12)
-    # the float functions computed in double: e^r = 1 + r + r^2 Q(r), relative
-    reg("expdf_q", False, _expm1_q, lambda r: r * r / mp.exp(r), -RHALF, RHALF, 5)
+    # erfcf above 0.75, in float: D(u) = log(erfc(a)) + 2 s a - s^2 - C, a = c + u; an error of
+    # D is one of z, a relative error of erfc, weighted into erfc's ULP (see ERFCF_IV)
+    for k in range(len(ERFCF_IV)):
+        lo, hi, c, s, C, _ = erfcf_interval(k)
+        g = (lambda c, s, C: lambda u: _erfc_l(c + u) - 2 * s * (c + u) + s * s - C)(c, s, C)
+        w = (lambda c: lambda u: _erfc_ulps(c + u))(c)
+        F[f"erfcf_d{k}"] = (True, list(range(10)),
+                            (lambda g, w, a, b: lambda: fit_centered(g, w, a, b, 9, True))(
+                                g, w, lo - c, hi - c))
+    # and e^r = 1 + r + r^2 Q(r) for its |r| <= ln2/2 + max |D|, relative
+    rq = RHALF + max(erfcf_interval(k)[5] for k in range(len(ERFCF_IV))) + mp.mpf(2) ** -10
+    F["erfcf_q"] = (True, list(range(6)), lambda: fit_centered(
+        _expm1_q, lambda r: r * r / mp.exp(r), -rq, rq, 5, True))
     # sinf / cosf, in double: sin(r) = r (1 + z S(z)), cos(r) = 1 + z (-1/2 + z C(z)), z = r^2
     reg("sinf_s", False, _sin_s, lambda z: z, TINY, PI4 ** 2, 3)
     reg("cosf_c", False, _cos_c, lambda z: z * z, TINY, PI4 ** 2, 3)
@@ -291,6 +384,19 @@ def constants():
         rest -= mp.mpf(hi)
     pieces.append(to_f64(rest))
     out += [(f"OPK_PIO2_{i + 1}", v, False) for i, v in enumerate(pieces)]
+    for k in range(len(ERFCF_IV)):  # erfcf's intervals: c, s and C, and where the next begins
+        lo, _, c, s, C, _ = erfcf_interval(k)
+        out += [(f"OPK_ERFCF_C{k}", to_f32(C), True), (f"OPK_ERFCF_U{k}", to_f32(c), True),
+                (f"OPK_ERFCF_S{k}", to_f32(s), True)]
+        if k:
+            out.append((f"OPK_ERFCF_T{k}", to_f32(lo), True))
+    # from this a on, erfc(a) < 2^-126: the first float past the root
+    root = mp.findroot(lambda a: mp.erfc(a) - mp.mpf(2) ** -126, mp.mpf("9.19"))
+    sub = to_f32(root)
+    if sub < root:  # the next float up
+        bits = struct.unpack("I", struct.pack("f", sub))[0]
+        sub = struct.unpack("f", struct.pack("I", bits + 1))[0]
+    out.append(("OPK_ERFCF_SUB", sub, True))
     return out
 
 
@@ -304,13 +410,16 @@ def main(argv=None) -> int:
     names = args.names or list(fits)
     header = open(HEADER).read() if args.check or args.write else ""
     bad = []
-    if not args.names:
-        for name, v, single in constants():
+    for name, v, single in constants():  # with names, only those of the named functions
+        if not args.names or any(name.startswith("OPK_%s_" % n.split("_")[0].upper())
+                                 for n in args.names):
             line = f"#define {name} {c_hex(v, single)}"
             print(line)
             if args.check and not re.search(r"^%s\s*$" % re.escape(line), header, re.M):
                 bad.append(name)
-            header = re.sub(r"^#define %s .*$" % name, line, header, flags=re.M)
+            header, k = re.subn(r"^#define %s .*$" % name, line, header, flags=re.M)
+            if args.write and not k:
+                bad.append(name)
     for name in names:
         single, powers, run = fits[name]
         coefs, err = run()

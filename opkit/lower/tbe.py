@@ -93,11 +93,22 @@ SEQUENCES: Dict[str, List[str]] = {
              "vexp {d}.e, {d}.H - {d}.h - {d}.l  ; 13 instructions, the argument never rounded",
              "vrsubs {d}.b, {d}.e, #1", "vcmplt {d}.m, {d}.a, #0.75",
              "vsel {d}, {d}.m, {d}.s, {d}.b", "vcopysign {d}, {d}, {0}"],
-    # erfc: t e^(-a^2 + G(t)), t = 2 / (2 + a), in double; 2 - erfc(-x) below 0
-    "verfc": ["vconv_f322f64 {d}.a, |{0}|", "vadds {d}.t, {d}.a, #2", "vrec {d}.t, {d}.t, #2",
-              "vpoly12 {d}.g, {d}.t         ; 12 x vmla (f64)", "vmla {d}.z, -{d}.a, {d}.a, {d}.g",
-              "vexp {d}.e, {d}.z (f64)       ; 8 instructions", "vmul {d}, {d}.t, {d}.e",
-              "vcmplt {d}.m, {0}, #0", "vsel {d}, {d}.m, 2 - {d}, {d}", "vconv_f642f32 {d}, {d}"],
+    # erfc: 1 - x - x P(x^2) below |x| = 0.75; above, e^z with z = C + D(a - c) - (a - s)^2 in
+    # float, the constants and D's coefficients selected for one of two intervals; 2 - e^z
+    # below 0
+    "verfc": ["vabs {d}.a, {0}", "vpoly5 {d}.p, {0}^2          ; 6 instructions: vmul, 5 x vmla",
+              "vfast2sum {d}.s, #1, -{0}     ; 3 instructions, 1 - x exactly",
+              "vmla {d}.s, -{0}, {d}.p, {d}.s  ; 2 instructions: vmla, vadd",
+              "vmins {d}.c, {d}.a, #10.06", "vcmpge {d}.k, {d}.a, #3.75 (int)",
+              "vsel {d}.k, c s C D[0..9]     ; 13 x vsel, the interval's constants",
+              "vsquare {d}.h, {d}.c - s      ; 7 instructions, (a - s)^2 = h + l exactly",
+              "vpoly9 {d}.D, {d}.c - c       ; 10 instructions: vsub, 9 x vmla",
+              "vexp-reduce {d}.r, {d}.n, C + D - h - l  ; 8 instructions, C - n ln2_hi - h exact",
+              "vexp {d}.e, {d}.r, {d}.n      ; 16 instructions: e^r, times 2^(n+64)",
+              "vmla {d}.b, {d}.e, #2^-64, {d}.m  ; 4 instructions: a subnormal rounded once",
+              "vmla {d}.n, {d}.e, #-2^-64, #2  ; 2 - e^z", "vcmplt {d}.k, {0}, #0",
+              "vsel {d}.b, {d}.k, {d}.n, {d}.b", "vcmplt {d}.k, {d}.a, #0.75",
+              "vsel {d}, {d}.k, {d}.s, {d}.b"],
     # sin, cos: n = round(x 2/pi), r = x - n pi/2 in four pieces (double), odd/even polynomial,
     # the quadrant's bits pick sin or cos and the sign
     "vsin": ["vconv_f322f64 {d}.x, {0}", "vmla {d}.t, {d}.x, #2/pi, #0x1.8p52",
@@ -125,6 +136,6 @@ TBE: Dict[str, Tbe] = {
     "exp": Tbe("vexp", None, 19), "expm1": Tbe("vexpm1", None, 32), "log": Tbe("vln", None, 24),
     "log1p": Tbe("vln1p", None, 31), "tanh": Tbe("vtanh", None, 26),
     "sigmoid": Tbe("vsigmoid", None, 25), "softplus": Tbe("vsoftplus", None, 34),
-    "erf": Tbe("verf", None, 32), "erfc": Tbe("verfc", None, 30),
+    "erf": Tbe("verf", None, 32), "erfc": Tbe("verfc", None, 77),
     "sin": Tbe("vsin", None, 26), "cos": Tbe("vcos", None, 26),
 }
