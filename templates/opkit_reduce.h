@@ -8,12 +8,14 @@
  *
  * max and min propagate NaN (a NaN lane flag, as comparisons cannot); logsumexp is
  * m + log(sum(exp(x - m))) with m the max (0 where it is infinite, as PyTorch's logsumexp), the
- * exponentials from opkit_math.h summed in double. Runs of no element never reach here. */
+ * exponentials from opkit_math.h summed in double. Runs of no element never reach here. float16
+ * runs are converted to float32 first (opk_reduce_h; this header follows opkit_kernel.h). */
 #ifndef OPKIT_REDUCE_H
 #define OPKIT_REDUCE_H
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include "opkit_math.h"
 
 enum { OPK_R_MAX = 0, OPK_R_MIN = 1, OPK_R_LSE = 2 };
@@ -148,5 +150,51 @@ OPK_REDUCE_DEFINE(f, float, opk_expf, double)
 OPK_REDUCE_DEFINE(d, double, opk_exp, double)
 
 #undef OPK_REDUCE_DEFINE
+
+/* float16 data (results in float32): each run converted to float32 (opkit_kernel.h's
+ * opk_h2f_contig) into a buffer of the thread's, then reduced as float32 data are; -2: no
+ * memory for the buffers */
+static int opk_reduce_h(const char *x, Py_ssize_t rows, Py_ssize_t rs, Py_ssize_t n,
+                        Py_ssize_t js, float *y, int op, int available)
+{
+    int failed = 0;
+    if (js == 2) {
+        const int nt = opk_rthreads(rows * n, rows, available);
+#pragma omp parallel num_threads(nt) reduction(|: failed)
+        {
+            float *buf = (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+            failed = buf == NULL;
+#pragma omp for schedule(static)
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                if (buf == NULL) continue;
+                opk_h2f_contig(buf, (const uint16_t *)(x + r * rs), n);
+                y[r] = op == OPK_R_LSE ? opk_rlse_f(buf, n) : opk_rext_f(buf, n, op == OPK_R_MIN);
+            }
+            free(buf);
+        }
+        return failed ? -2 : 0;
+    }
+    if (rs != 2) return -1;
+    /* outputs in blocks: the block's elements j converted into a float32 run of their own,
+     * `n` runs a block (a buffer of n * OPK_RBLOCK floats a thread) */
+    const Py_ssize_t blocks = (rows + OPK_RBLOCK - 1) / OPK_RBLOCK;
+    const int nt = opk_rthreads(rows * n, blocks, available);
+#pragma omp parallel num_threads(nt) reduction(|: failed)
+    {
+        float *buf = (float *)malloc((size_t)(n > 0 ? n : 1) * OPK_RBLOCK * sizeof(float));
+        failed = buf == NULL;
+#pragma omp for schedule(static)
+        for (Py_ssize_t q = 0; q < blocks; q++) {
+            if (buf == NULL) continue;
+            const Py_ssize_t r = q * OPK_RBLOCK;
+            const Py_ssize_t b = rows - r < OPK_RBLOCK ? rows - r : OPK_RBLOCK;
+            for (Py_ssize_t j = 0; j < n; j++)
+                opk_h2f_contig(buf + j * b, (const uint16_t *)(x + r * rs + j * js), b);
+            opk_rcols_f((const char *)buf, b, n, b * (Py_ssize_t)sizeof(float), y + r, op);
+        }
+        free(buf);
+    }
+    return failed ? -2 : 0;
+}
 
 #endif /* OPKIT_REDUCE_H */

@@ -220,11 +220,17 @@ def _run(arr: np.ndarray, axes) -> Optional[Tuple[int, int]]:
     return size, stride
 
 
+def _wide(arr: np.ndarray) -> np.ndarray:
+    """float16 (and bfloat16) data as float32: what NumPy reduces them in."""
+    return arr.astype(np.float32) if arr.dtype.kind == "f" and arr.dtype.itemsize < 4 or \
+        arr.dtype.name == "bfloat16" else arr
+
+
 def _compiled(ctx: Context, arr: np.ndarray, names, keep, prim: str) -> Optional[np.ndarray]:
     """The reduction by the module's opk_reduce, in the kept dims' order; None where it cannot
     take this array (no module, a dtype or memory order it lacks): NumPy then reduces."""
     fn = getattr(ctx.module, "opk_reduce", None)
-    if fn is None or arr.dtype not in (np.float32, np.float64):
+    if fn is None or arr.dtype not in (np.float16, np.float32, np.float64):
         return None
     from ..lower.reduce import COMPILED_REDUCTIONS
     kept = [i for i, n in enumerate(names) if n in keep]
@@ -233,7 +239,7 @@ def _compiled(ctx: Context, arr: np.ndarray, names, keep, prim: str) -> Optional
         return None
     # kept dims in memory order, so that they are one run of outputs; then put back in order
     order = sorted(kept, key=lambda a: -abs(arr.strides[a]))
-    out = np.empty([arr.shape[a] for a in order], arr.dtype)
+    out = np.empty([arr.shape[a] for a in order], np.float32 if arr.dtype == np.float16 else arr.dtype)
     # runs start at the array's first element (index 0 along every dim)
     if not fn(arr, rows[0], rows[1], runs[0], runs[1], out, COMPILED_REDUCTIONS[prim], ctx.threads):
         return None
@@ -252,7 +258,7 @@ def _run_extreme(ctx: Context, args, params, prim: str):
         arr = np.full([s for i, s in enumerate(arr.shape) if i not in axes], identity, arr.dtype)
     elif axes:
         done = _compiled(ctx, arr, names, keep, prim)
-        arr = done if done is not None else reduce(arr, axis=axes)  # NaN propagates
+        arr = done if done is not None else reduce(_wide(arr), axis=axes)  # NaN propagates
     return arr, tuple(n for n in names if n in keep)
 
 
@@ -300,6 +306,7 @@ def _run_logsumexp(ctx: Context, args, params):
     done = _compiled(ctx, arr, names, keep, "logsumexp")
     if done is not None:
         return done, kept
+    arr = _wide(arr)
     top = np.max(arr, axis=axes, keepdims=True)
     top = np.where(np.isinf(top), 0, top).astype(arr.dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

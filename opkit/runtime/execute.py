@@ -17,7 +17,7 @@ from ..dsl import named
 from ..backend import thread_controls
 from ..dsl.library import LIBRARY, Context, conv_ints, conv_size
 from ..lower.epilogue import physical
-from ..lower.reduce import LANE_BYTES
+from ..lower.reduce import COMPILED_REDUCTIONS, LANE_BYTES
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides, walk_dims
@@ -621,7 +621,10 @@ class Executor:
             else:
                 arr, nm = env[a]
                 # library calls compute in the compute dtype, like kernels: never in float16
-                args.append((arr.astype(compute) if arr.dtype.itemsize < compute.itemsize else arr, nm))
+                # (the compiled reductions convert float16 runs themselves)
+                narrow = arr.dtype.itemsize < compute.itemsize and not (
+                    arr.dtype == np.float16 and step.prim in COMPILED_REDUCTIONS)
+                args.append((arr.astype(compute) if narrow else arr, nm))
         arr, nm = LIBRARY[step.prim].run(ctx, args, step.params)
         self._put(step.result, (np.asarray(arr), nm), env, out_dtypes, like, clip, compute, final)
 
