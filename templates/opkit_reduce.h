@@ -1,12 +1,12 @@
 /* Reductions other than sums, for the library calls amax, amin and logsumexp
  * (opkit/dsl/library.py): the input viewed as `rows` runs of `n` elements, element j of run r at
  * byte offset r * rs + j * js, and y[r] the reduction of run r. Two memory orders are compiled:
- * runs of contiguous elements (js is the element size: a softmax's row), reduced in OPK_RL
- * lanes; and contiguous runs of outputs (rs is the element size: a max over C of NCHW), where the
+ * runs of contiguous elements (js is the element size: a softmax's row), reduced in vectors;
+ * and contiguous runs of outputs (rs is the element size: a max over C of NCHW), where the
  * outputs of a block are updated together, element j of each at a time. Every output is reduced
  * by one thread in one order, so a result does not depend on the number of threads.
  *
- * max and min propagate NaN (a NaN lane flag, as comparisons cannot); logsumexp is
+ * max and min propagate NaN (a NaN flag per lane, as comparisons cannot); logsumexp is
  * m + log(sum(exp(x - m))) with m the max (0 where it is infinite, as PyTorch's logsumexp), the
  * exponentials from opkit_math.h summed in double. Runs of no element never reach here. float16
  * runs are converted to float32 first (opk_reduce_h; this header follows opkit_kernel.h). */
@@ -15,12 +15,14 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "opkit_math.h"
 
 enum { OPK_R_MAX = 0, OPK_R_MIN = 1, OPK_R_LSE = 2 };
 
-#define OPK_RL 16        /* lanes of a contiguous run: the lane loops vectorize at any width */
+#define OPK_RL 16        /* lanes of a run's sum of exponentials (the lane loops vectorize) */
 #define OPK_RBLOCK 512   /* outputs updated together in the other order (on the stack) */
 
 /* A small call runs on one thread: opening a parallel region costs about 2 us (lower/__init__.py,
@@ -31,39 +33,48 @@ static inline int opk_rthreads(Py_ssize_t total, Py_ssize_t units, int available
     return units < available ? (int)units : available;
 }
 
-#define OPK_REDUCE_DEFINE(SFX, T, EXPF, WIDE)                                                   \
+/* The vectors a contiguous run is reduced in: GCC's vector extension, as wide as the target's
+ * (a loop over an array of lanes kept them in memory and ran at a fifth of the speed; a wider
+ * vector than the target has is split badly on SSE2: 16 bytes there) */
+#if defined(__AVX512F__)
+#define OPK_RVB 64
+#elif defined(__AVX__)
+#define OPK_RVB 32
+#else
+#define OPK_RVB 16
+#endif
+
+#define OPK_REDUCE_DEFINE(SFX, T, IT, EXPF)                                                     \
+typedef T opk_rv_##SFX __attribute__((vector_size(OPK_RVB)));                                  \
+typedef IT opk_ri_##SFX __attribute__((vector_size(OPK_RVB)));                                 \
+                                                                                                \
 /* the max (min: lower) of run x[0 .. n), contiguous, NaN if one is */                          \
 static inline T opk_rext_##SFX(const T *x, Py_ssize_t n, int lower)                            \
 {                                                                                               \
-    T m[OPK_RL], bad[OPK_RL];                                                                   \
+    enum { W = OPK_RVB / (int)sizeof(T) };                                                      \
     const T start = lower ? (T)INFINITY : (T)-INFINITY;                                         \
-    for (int l = 0; l < OPK_RL; l++) { m[l] = start; bad[l] = 0; }                              \
+    opk_rv_##SFX m = (opk_rv_##SFX){0} + start;                                                 \
+    opk_ri_##SFX bad = (opk_ri_##SFX){0};                                                       \
     Py_ssize_t j = 0;                                                                           \
-    if (lower)                                                                                  \
-        for (; j + OPK_RL <= n; j += OPK_RL)                                                    \
-            for (int l = 0; l < OPK_RL; l++) {                                                  \
-                const T v = x[j + l];                                                           \
-                bad[l] = v != v ? (T)1 : bad[l];                                                \
-                m[l] = v < m[l] ? v : m[l];                                                     \
-            }                                                                                   \
-    else                                                                                        \
-        for (; j + OPK_RL <= n; j += OPK_RL)                                                    \
-            for (int l = 0; l < OPK_RL; l++) {                                                  \
-                const T v = x[j + l];                                                           \
-                bad[l] = v != v ? (T)1 : bad[l];                                                \
-                m[l] = v > m[l] ? v : m[l];                                                     \
-            }                                                                                   \
+    for (; j + W <= n; j += W) {                                                                \
+        opk_rv_##SFX v;                                                                         \
+        memcpy(&v, x + j, sizeof v);                                                            \
+        const opk_ri_##SFX take = lower ? v < m : v > m;                                        \
+        bad |= v != v;                                                                          \
+        m = (opk_rv_##SFX)(((opk_ri_##SFX)v & take) | ((opk_ri_##SFX)m & ~take));              \
+    }                                                                                           \
+    T r = start;                                                                                \
+    IT any = 0;                                                                                 \
+    for (int l = 0; l < W; l++) {                                                               \
+        r = (lower ? m[l] < r : m[l] > r) ? m[l] : r;                                           \
+        any |= bad[l];                                                                          \
+    }                                                                                           \
     for (; j < n; j++) {                                                                        \
         const T v = x[j];                                                                       \
-        bad[0] = v != v ? (T)1 : bad[0];                                                        \
-        m[0] = (lower ? v < m[0] : v > m[0]) ? v : m[0];                                        \
+        any |= v != v;                                                                          \
+        r = (lower ? v < r : v > r) ? v : r;                                                    \
     }                                                                                           \
-    T r = m[0], any = bad[0];                                                                   \
-    for (int l = 1; l < OPK_RL; l++) {                                                          \
-        r = (lower ? m[l] < r : m[l] > r) ? m[l] : r;                                           \
-        any += bad[l];                                                                          \
-    }                                                                                           \
-    return any != 0 ? (T)NAN : r;                                                               \
+    return any ? (T)NAN : r;                                                                    \
 }                                                                                               \
                                                                                                 \
 /* log(sum(exp(x - s))) + s over run x[0 .. n), contiguous, s its max (0 if infinite) */        \
@@ -146,8 +157,8 @@ static int opk_reduce_##SFX(const char *x, Py_ssize_t rows, Py_ssize_t rs, Py_ss
     return -1;                                                                                  \
 }
 
-OPK_REDUCE_DEFINE(f, float, opk_expf, double)
-OPK_REDUCE_DEFINE(d, double, opk_exp, double)
+OPK_REDUCE_DEFINE(f, float, int32_t, opk_expf)
+OPK_REDUCE_DEFINE(d, double, int64_t, opk_exp)
 
 #undef OPK_REDUCE_DEFINE
 
