@@ -329,6 +329,7 @@ def _show(op, build: bool) -> str:
     from .builder import toolchain
     from .codegen import COMPUTE
     from .lower import Kernel
+    from .lower.tbe import REDUCTIONS
     target = toolchain().target
     sch = lowered.schedule
     out += _fusion_lines(lowered)
@@ -339,6 +340,11 @@ def _show(op, build: bool) -> str:
             if not isinstance(step, Kernel):
                 out += ["", f"{step.name}: library call {step.prim}({', '.join(map(str, step.args))})"
                         f" -> {step.result}"]
+                seq = REDUCTIONS.get(step.prim)
+                if seq is not None:
+                    out.append("  compiled (templates/opkit_reduce.h): one pass over the input, "
+                               "each result by one thread; per contiguous run:")
+                    out += ["    " + line.format(str(step.args[0]), d=str(step.result)) for line in seq]
                 continue
             k = step
             out += ["", f"kernel {k.name} ({plan.kind}): reads {', '.join(map(str, k.inputs)) or '-'}; "

@@ -396,3 +396,11 @@ def test_the_listing_shows_a_folded_mean_added_up_not_stored():
     assert any(line.startswith("vadd     acc.") and "float64 partials" in line for line in lines)
     assert cost(kernel, "float32", 64).bytes_per_element == 4  # x read, nothing written
     assert "mean(x, keep=" in kernel.describe_writes() or "not stored" in kernel.describe_writes()
+
+
+def test_show_lists_the_compiled_reductions_instructions(capsys):
+    from opkit.cli import main
+    assert main(["show", str(REDUCTIONS / "softmax.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "library call amax(x) -> tmp0\n  compiled (templates/opkit_reduce.h)" in out
+    assert "vcmax    tmp0, tmp0.acc" in out

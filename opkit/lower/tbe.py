@@ -123,6 +123,28 @@ SEQUENCES: Dict[str, List[str]] = {
              "vsel {d}, special cases        ; 12 compares and selects (C99 F.9.4.4)"],
 }
 
+# The reductions that run as a compiled pass of their own (templates/opkit_reduce.h), per
+# contiguous run of the input: {0} is the input, {d} the result. A float16 run is converted
+# first (vconv_f162f32).
+REDUCTIONS: Dict[str, List[str]] = {
+    "amax": ["vld      {0}, gm.{0}", "vcmpne   {d}.nan, {0}, {0}        ; a NaN flags its lane",
+             "vmax     {d}.acc, {d}.acc, {0}     ; a vector of lanes along the run",
+             "vcmax    {d}, {d}.acc              ; the lanes into one, NaN if one was flagged",
+             "vst      gm.{d}, {d}"],
+    "amin": ["vld      {0}, gm.{0}", "vcmpne   {d}.nan, {0}, {0}        ; a NaN flags its lane",
+             "vmin     {d}.acc, {d}.acc, {0}     ; a vector of lanes along the run",
+             "vcmin    {d}, {d}.acc              ; the lanes into one, NaN if one was flagged",
+             "vst      gm.{d}, {d}"],
+    "logsumexp": ["vcmax    {d}.m, {0}                ; as amax, the run in cache after it",
+                  "vsub     {d}.v, {0}, {d}.m          ; m: 0 where infinite",
+                  "vexp     {d}.v, {d}.v               ; 19 vector instructions (vexp)",
+                  "vconv_f322f64 {d}.v, {d}.v",
+                  "vadd     {d}.acc, {d}.acc, {d}.v     ; float64 lanes",
+                  "vcadd    {d}.s, {d}.acc",
+                  "vln      {d}, {d}.s (f64)           ; once a run", "vadd     {d}, {d}, {d}.m",
+                  "vst      gm.{d}, {d}"],
+}
+
 TBE: Dict[str, Tbe] = {
     "add": Tbe("vadd", "vadds"), "sub": Tbe("vsub", "vadds"), "mul": Tbe("vmul", "vmuls"),
     "div": Tbe("vdiv", "vdivs", 4), "neg": Tbe("vmuls", None),
