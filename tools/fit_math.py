@@ -102,7 +102,10 @@ def remez(g, w, a, b, powers, npts=3000, iters=40):
     return remez_samples(xs, gs, ws, powers, iters)
 
 
-def remez_samples(xs, gs, ws, powers, iters=40):
+def remez_samples(xs, gs, ws, powers, iters=40, exchange=None):
+    """Remez exchange on sampled points; `exchange(err, m)` picks the next reference (by
+    default _keep_ends)."""
+    exchange = exchange or _keep_ends
     n = len(powers)
     m = len(xs)
     # initial reference: the grid points nearest the Chebyshev extrema
@@ -117,27 +120,19 @@ def remez_samples(xs, gs, ws, powers, iters=40):
         emax = max(abs(e) for e in err)
         if best is None or emax < best[1]:
             best = (c, emax)
-        if emax - abs(E) <= 1e-4 * emax:
+        new = exchange(err, n + 1)
+        if emax - abs(E) <= 1e-4 * emax or len(new) < n + 1 or new == ref:
             break
-        # one extremum per run of equal sign, then keep n + 1 alternating ones
-        ext, i = [], 0
-        while i < m:
-            j, k = i, i
-            while j < m and (err[j] >= 0) == (err[i] >= 0):
-                if abs(err[j]) > abs(err[k]):
-                    k = j
-                j += 1
-            ext.append(k)
-            i = j
-        while len(ext) > n + 1:
-            if abs(err[ext[0]]) < abs(err[ext[-1]]):
-                ext.pop(0)
-            else:
-                ext.pop()
-        if len(ext) < n + 1:
-            break
-        ref = ext
+        ref = new
     return best
+
+
+def _keep_ends(err, m):
+    """One extremum per run of equal sign, then m alternating ones: the smaller end dropped."""
+    ext = _run_extrema(err)
+    while len(ext) > m:
+        ext.pop(0 if abs(err[ext[0]]) < abs(err[ext[-1]]) else -1)
+    return ext
 
 
 def fit(name, g, w, a, b, powers, single, npts=2000):
@@ -161,9 +156,8 @@ def fit(name, g, w, a, b, powers, single, npts=2000):
     return [rnd(v) for v in coefs], err
 
 
-def _exchange(err, m):
-    """m alternating extrema of err: the largest of each run of one sign, then the smallest
-    dropped (its two neighbours, now of one sign, merged into the larger) until m are left."""
+def _run_extrema(err):
+    """The index of the largest |err| of each run of one sign, in order."""
     ext, i, n = [], 0, len(err)
     while i < n:
         j, k = i, i
@@ -173,6 +167,13 @@ def _exchange(err, m):
             j += 1
         ext.append(k)
         i = j
+    return ext
+
+
+def _exchange(err, m):
+    """m alternating extrema of err: the largest of each run of one sign, then the smallest
+    dropped (its two neighbours, now of one sign, merged into the larger) until m are left."""
+    ext = _run_extrema(err)
     while len(ext) > m:
         if len(ext) == m + 1:
             ext.pop(0 if abs(err[ext[0]]) < abs(err[ext[-1]]) else -1)
@@ -189,21 +190,7 @@ def _exchange(err, m):
 def _remez_dropping(xs, gs, ws, powers, iters=60):
     """remez_samples with _exchange: it converges where weights near 0 leave many tiny
     extrema (the quotient fits below)."""
-    n, m = len(powers), len(xs)
-    ref = sorted({min(m - 1, max(0, round((m - 1) * (1 - mp.cos(mp.pi * k / n)) / 2)))
-                  for k in range(n + 1)})
-    best = None
-    for _ in range(iters):
-        c, E = _solve([xs[i] for i in ref], [gs[i] for i in ref], [ws[i] for i in ref], powers)
-        err = [ws[i] * (gs[i] - _eval(c, powers, xs[i])) for i in range(m)]
-        emax = max(abs(e) for e in err)
-        if best is None or emax < best[1]:
-            best = (c, emax)
-        new = _exchange(err, n + 1)
-        if emax - abs(E) <= 1e-4 * emax or len(new) < n + 1 or new == ref:
-            break
-        ref = new
-    return best
+    return remez_samples(xs, gs, ws, powers, iters, _exchange)
 
 
 def fit_centered(g, w, a, b, degree, single, npts=2000):
