@@ -66,7 +66,11 @@ class Toolchain:
         self.require()
         cmd = list(self.cc) + list(self.cflags) + [f"-I{i}" for i in self.includes]
         if self.family == "gcc":
-            cmd.append(f"-fopt-info-vec-all={report}")
+            # two kernels of a module can be the same code (an operator's variants that share
+            # a pass): kept apart, each has its loop and the vectorization report `opkit show`
+            # reads. (A compiler-specific flag, so not in cflags: those name what a module
+            # holds whichever compiler built it, and a shipped module is found by them.)
+            cmd += [f"-fopt-info-vec-all={report}", "-fno-ipa-icf"]
         elif self.family == "clang":
             cmd += ["-Rpass=loop-vectorize", "-Rpass-missed=loop-vectorize"]
         return cmd + [c_file, *[str(o) for o in objects], "-o", so_file]
@@ -138,10 +142,6 @@ def _flags(target: Target, family: str) -> Tuple[str, ...]:
              "-Wno-unreachable-code"]
     if os.environ.get("OPKIT_OPENMP", "1") != "0":
         flags.append("-fopenmp")
-    if family == "gcc":
-        # two kernels of a module can be the same code (an operator's variants that share a
-        # pass): kept apart, each has the loop and the vectorization report `opkit show` reads
-        flags.append("-fno-ipa-icf")
     if target.isa == "native":
         flags.append("-march=native")
     elif target.isa == "portable":
