@@ -39,6 +39,9 @@ class LibraryPrimitive:
 
 
 LIBRARY: Dict[str, LibraryPrimitive] = {}
+# the reductions over named dims a declaration can write (validation allows for what their
+# results' conditioning does to the computations after them)
+REDUCTIONS = ("sum", "mean", "amax", "amin", "logsumexp")
 
 
 def register(p: LibraryPrimitive) -> LibraryPrimitive:
@@ -53,14 +56,10 @@ class Context:
     the size of every dim (those of the inputs and those the calls create, see derive_sizes)."""
 
     def __init__(self, inputs: Dict[str, Value], accumulate=None,
-                 sizes: Optional[Dict[str, int]] = None, module=None, threads: int = 1):
+                 sizes: Optional[Dict[str, int]] = None):
         self.inputs = inputs
         self.accumulate = accumulate  # dtype for sums (float64 in the reference)
         self.sizes = dict(sizes) if sizes is not None else input_sizes(inputs)
-        # the operator's compiled module, where a call has one (the reference has none): its
-        # opk_reduce runs max, min and logsumexp (templates/opkit_reduce.h)
-        self.module = module
-        self.threads = threads
 
     def size(self, dim: str) -> int:
         return self.sizes[dim]
@@ -122,6 +121,11 @@ def _run_sum(ctx: Context, args, params):
     return named.total(arr, axes, ctx.accumulate), tuple(n for n in names if n in keep)
 
 
+def _filled(arr: np.ndarray, axes, value: float) -> np.ndarray:
+    """A reduction of `arr` over `axes` when one of them is empty: `value` everywhere."""
+    return np.full([s for i, s in enumerate(arr.shape) if i not in axes], value, arr.dtype)
+
+
 def _reduced(v: Node, dim: str, what: str) -> Tuple[str, ...]:
     if v.dims is None:
         raise ValueError(f"{what}(v, D) needs a value with named dims (inputs with shape: [...] or "
@@ -161,7 +165,7 @@ def _run_mean(ctx: Context, args, params):
     axes = tuple(i for i, n in enumerate(names) if n not in keep)
     # a dim the array lacks (or holds once, broadcast) is constant along it: its mean is itself
     if axes and any(arr.shape[i] == 0 for i in axes):  # the mean of nothing is NaN
-        arr = np.full([s for i, s in enumerate(arr.shape) if i not in axes], np.nan, arr.dtype)
+        arr = _filled(arr, axes, np.nan)
     elif axes:
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as in a kernel
             arr = arr.mean(axis=axes, dtype=ctx.accumulate or arr.dtype)
@@ -207,44 +211,7 @@ def dsl_mean(v: Node, dim: str) -> Node:
 
 
 # ------------------------------------------------------------------------------ max / min over dims
-
-def _run(arr: np.ndarray, axes) -> Optional[Tuple[int, int]]:
-    """(size, stride in bytes) of `axes` walked as one run (the largest stride first), or None
-    where they are not evenly spaced in memory."""
-    axes = sorted((a for a in axes if arr.shape[a] != 1), key=lambda a: -abs(arr.strides[a]))
-    size, stride = 1, arr.itemsize
-    for i, a in enumerate(axes):
-        if i + 1 < len(axes) and arr.strides[a] != arr.strides[axes[i + 1]] * arr.shape[axes[i + 1]]:
-            return None
-        size, stride = size * arr.shape[a], arr.strides[a]
-    return size, stride
-
-
-def _wide(arr: np.ndarray) -> np.ndarray:
-    """float16 (and bfloat16) data as float32: what NumPy reduces them in."""
-    return arr.astype(np.float32) if arr.dtype.kind == "f" and arr.dtype.itemsize < 4 or \
-        arr.dtype.name == "bfloat16" else arr
-
-
-def _compiled(ctx: Context, arr: np.ndarray, names, keep, prim: str) -> Optional[np.ndarray]:
-    """The reduction by the module's opk_reduce, in the kept dims' order; None where it cannot
-    take this array (no module, a dtype or memory order it lacks): NumPy then reduces."""
-    fn = getattr(ctx.module, "opk_reduce", None)
-    if fn is None or arr.dtype not in (np.float16, np.float32, np.float64):
-        return None
-    from ..lower.reduce import COMPILED_REDUCTIONS
-    kept = [i for i, n in enumerate(names) if n in keep]
-    rows, runs = _run(arr, kept), _run(arr, [i for i, n in enumerate(names) if n not in keep])
-    if rows is None or runs is None or not rows[0] or not runs[0]:
-        return None
-    # kept dims in memory order, so that they are one run of outputs; then put back in order
-    order = sorted(kept, key=lambda a: -abs(arr.strides[a]))
-    out = np.empty([arr.shape[a] for a in order], np.float32 if arr.dtype == np.float16 else arr.dtype)
-    # runs start at the array's first element (index 0 along every dim)
-    if not fn(arr, rows[0], rows[1], runs[0], runs[1], out, COMPILED_REDUCTIONS[prim], ctx.threads):
-        return None
-    return out.transpose([order.index(a) for a in kept])
-
+# (the runtime first offers these and logsumexp to the module: runtime/reductions.py)
 
 _EXTREMES = {"amax": (np.max, -np.inf, "max"), "amin": (np.min, np.inf, "min")}
 
@@ -255,10 +222,9 @@ def _run_extreme(ctx: Context, args, params, prim: str):
     axes = tuple(i for i, n in enumerate(names) if n not in keep)
     reduce, identity, _ = _EXTREMES[prim]
     if axes and any(arr.shape[i] == 0 for i in axes):  # over nothing: the identity, as a sum's 0
-        arr = np.full([s for i, s in enumerate(arr.shape) if i not in axes], identity, arr.dtype)
+        arr = _filled(arr, axes, identity)
     elif axes:
-        done = _compiled(ctx, arr, names, keep, prim)
-        arr = done if done is not None else reduce(_wide(arr), axis=axes)  # NaN propagates
+        arr = reduce(arr, axis=axes)  # NaN propagates
     return arr, tuple(n for n in names if n in keep)
 
 
@@ -302,11 +268,7 @@ def _run_logsumexp(ctx: Context, args, params):
     if not axes:
         return arr, names
     if any(arr.shape[i] == 0 for i in axes):
-        return np.full([s for i, s in enumerate(arr.shape) if i not in axes], -np.inf, arr.dtype), kept
-    done = _compiled(ctx, arr, names, keep, "logsumexp")
-    if done is not None:
-        return done, kept
-    arr = _wide(arr)
+        return _filled(arr, axes, -np.inf), kept
     top = np.max(arr, axis=axes, keepdims=True)
     top = np.where(np.isinf(top), 0, top).astype(arr.dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -325,8 +287,8 @@ register(LibraryPrimitive("logsumexp", _run_logsumexp, _logsumexp_vjp, "vreduce_
 
 
 def dsl_logsumexp(v: Node, dim: str) -> Node:
-    return Node("logsumexp", (v,), (_reduced(v, dim, "logsumexp"),), "float",
-                _reduced(v, dim, "logsumexp"))
+    keep = _reduced(v, dim, "logsumexp")
+    return Node("logsumexp", (v,), (keep,), "float", keep)
 
 
 # ------------------------------------------------------------------------------ einsum / matmul

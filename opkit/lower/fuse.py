@@ -74,7 +74,8 @@ def fuse(graph: Graph, prefix: str) -> Plan:
             ordered.append(LibCall(f"{prefix}lib{len(ordered)}", node.op,
                                    tuple(_scalar_ref(a) if i in LIBRARY[node.op].scalar_args
                                          else holder[id(a)] for i, a in enumerate(node.args)),
-                                   node.params, holder[id(node)], node.dims, node.loc))
+                                   node.params, holder[id(node)], node.dims, node.loc,
+                                   tuple(a.dims for a in node.args)))
             continue
         if isinstance(step, _Copy) and id(step.node) in holder and step.node.op != "input":
             # a second output with the value of an earlier one: copy it, do not recompute

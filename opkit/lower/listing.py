@@ -77,13 +77,18 @@ def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[st
                 lines.append(f"vconv_{ct}2{st} {src}, {src}" + ("     ; saturate" if integer else ""))
             lines.append(f"vst      gm.{out}, {src}")
         for s in kernel.sums:
-            if s.args[0] is out:  # added into float64 partials while the tile is in registers
-                what = "sum_to" if s.prim == "sum_to" else f"{s.prim} over the dims not in " \
-                    f"[{', '.join(s.params[0])}]"
-                lines += [f"vconv_{ct}2f64 {src}.w, {src}" if ct != "f64" else None,
-                          f"vadd     acc.{s.result}, acc.{s.result}, {src}{'.w' if ct != 'f64' else ''}"
-                          f"   ; {what}: float64 partials, vcadd at the end"]
-    return [line for line in lines if line is not None]
+            if s.args[0] is not out:
+                continue
+            # added into float64 partials while the tile is in registers
+            what = "sum_to" if s.prim == "sum_to" else \
+                f"{s.prim} over the dims not in [{', '.join(s.params[0])}]"
+            wide = src
+            if ct != "f64":
+                wide = f"{src}.w"
+                lines.append(f"vconv_{ct}2f64 {wide}, {src}")
+            lines.append(f"vadd     acc.{s.result}, acc.{s.result}, {wide}   ; {what}: float64 "
+                         "partials, vcadd at the end")
+    return lines
 
 
 _SWAPPED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
@@ -144,6 +149,7 @@ def cost(kernel: Kernel, dtype: str, vector_bytes: int) -> Cost:
     if dtype in ("float16", "bfloat16"):
         ops += len(kernel.operands)  # one conversion per load and store
     lanes = max(vector_bytes // _ITEMSIZE[compute_dtype(dtype)], 1)
-    ops += 2 * len(kernel.sums)  # a conversion to float64 and an add a folded sum
+    # a folded sum: an add into its float64 partials, after a conversion unless float64 already
+    ops += (1 if compute_dtype(dtype) == "float64" else 2) * len(kernel.sums)
     moved = len(kernel.operands) - len(kernel.discarded)
     return Cost(ops, _ITEMSIZE[dtype] * moved, lanes)

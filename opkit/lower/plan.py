@@ -204,6 +204,7 @@ class LibCall:
     result: Value
     dims: Optional[Tuple[str, ...]] = None        # the result's named dims
     loc: Optional[Loc] = None                     # where the call is written
+    arg_dims: Tuple[Optional[Tuple[str, ...]], ...] = ()   # each argument's named dims
 
     @property
     def reads(self) -> Tuple[Value, ...]:

@@ -69,25 +69,20 @@ def _foldable(call: LibCall, k: Kernel, already: List[LibCall]) -> bool:
 
 
 def _input_reductions(plan: Plan) -> Plan:
-    """Each `sum` or `mean` of an input of the pass (whose dims a kernel of the plan knows) as a
-    kernel that loads the input into a temp, which the sum folded into it reads (the runtime
-    then stores nothing)."""
-    dims_of = {}
-    for k in plan.kernels:
-        for v, d in zip(k.inputs, k.in_dims):
-            if v.kind is Kind.INPUT and d is not None:
-                dims_of.setdefault(v, d)
+    """Each `sum` or `mean` of an input of the pass as a kernel that loads the input into a
+    temp, which the sum folded into it reads (the runtime then stores nothing)."""
     steps, temps = [], list(plan.temps)
     for step in plan.steps:
-        arg = step.args[0] if isinstance(step, LibCall) and step.prim in ("sum", "mean") else None
-        dims = dims_of.get(arg) if arg is not None and arg.kind is Kind.INPUT else None
+        reduces = isinstance(step, LibCall) and step.prim in ("sum", "mean") and \
+            step.args[0].kind is Kind.INPUT and step.arg_dims
+        dims = step.arg_dims[0] if reduces else None
         if dims is None or not set(step.params[0]) <= set(dims):
             steps.append(step)
             continue
         temp = Value.temp(len(temps))
         temps.append(temp)
         load = Instr(Reg(0), LOAD, (), "float", slot=0)
-        steps.append(Kernel(f"{step.name}k", (arg,), (temp,), (), (load,), (load.dst,),
+        steps.append(Kernel(f"{step.name}k", (step.args[0],), (temp,), (), (load,), (load.dst,),
                             (step.loc,) if step.loc is not None else (), dims, (dims,),
                             (dataclasses.replace(step, args=(temp,)),), (temp,)))
     if len(temps) == len(plan.temps):

@@ -21,6 +21,7 @@ from ..lower.reduce import COMPILED_REDUCTIONS, LANE_BYTES
 from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, compute_dtype
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides, walk_dims
+from .reductions import compiled_reduction
 
 Array = Tuple[np.ndarray, Tuple[str, ...]]   # an array and the dim names of its axes
 
@@ -609,9 +610,16 @@ class Executor:
 
     def _library(self, step: LibCall, env, bound: Bound, out_dtypes, like, clip=None,
                  final=None, module=None) -> None:
-        ctx = Context(bound.values, sizes=bound.sizes, module=module,
-                      threads=setting("num_threads"))
         compute = _instance(bound.dtype)[1]
+        if step.prim in COMPILED_REDUCTIONS:  # the module's, where it takes the call
+            arr, nm = env[step.args[0]]
+            done = compiled_reduction(module, step.prim, arr, nm, step.params[0],
+                                      setting("num_threads"))
+            if done is not None:
+                self._put(step.result, (done, tuple(n for n in nm if n in step.params[0])), env,
+                          out_dtypes, like, clip, compute, final)
+                return
+        ctx = Context(bound.values, sizes=bound.sizes)
         args = []
         for a in step.args:
             if isinstance(a, Attr):
@@ -621,10 +629,7 @@ class Executor:
             else:
                 arr, nm = env[a]
                 # library calls compute in the compute dtype, like kernels: never in float16
-                # (the compiled reductions convert float16 runs themselves)
-                narrow = arr.dtype.itemsize < compute.itemsize and not (
-                    arr.dtype == np.float16 and step.prim in COMPILED_REDUCTIONS)
-                args.append((arr.astype(compute) if narrow else arr, nm))
+                args.append((arr.astype(compute) if arr.dtype.itemsize < compute.itemsize else arr, nm))
         arr, nm = LIBRARY[step.prim].run(ctx, args, step.params)
         self._put(step.result, (np.asarray(arr), nm), env, out_dtypes, like, clip, compute, final)
 

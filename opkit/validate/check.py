@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ..dsl.library import REDUCTIONS
 from ..lower import Kernel
 from ..runtime.bind import bind
 from ..spec.model import FLOAT_DTYPES, INT_DTYPES, OpSpec
@@ -45,7 +46,7 @@ def _spread(spec: OpSpec, graph, given: Dict[str, object], layout: str, dtype: s
     """SPREAD times the largest |exact result at moved inputs - exact result| of a few moves,
     per output of `graph`."""
     out = {k: np.zeros(np.shape(v[0])) for k, v in ref.items()}
-    jitter = lambda node, arr: _moved(arr, dtype, rng) if node.op in _REDUCTIONS else arr  # noqa: E731
+    jitter = lambda node, arr: _moved(arr, dtype, rng) if node.op in REDUCTIONS else arr  # noqa: E731
     for _ in range(samples):
         moved = {k: _moved(v, dtype, rng) for k, v in given.items()}
         bound = bind(spec, moved, layout, f"{spec.name} (reference)",
@@ -57,12 +58,9 @@ def _spread(spec: OpSpec, graph, given: Dict[str, object], layout: str, dtype: s
     return out
 
 
-_REDUCTIONS = frozenset(("sum", "mean", "amax", "amin", "logsumexp"))
-
-
 def _reduces(graph) -> bool:
     """Whether a graph computes further with the result of a reduction (sum, mean, max ...)."""
-    return any(a.op in _REDUCTIONS for n in graph.nodes() for a in n.args)
+    return any(a.op in REDUCTIONS for n in graph.nodes() for a in n.args)
 
 
 def validate_op(op, dtypes: Optional[List[str]] = None, seed: int = 0) -> Report:
@@ -104,7 +102,8 @@ def _validate_variant(op, variant, report: Report, dtypes, seed: int, tag: str) 
     reduces_bwd = graphs.differentiable and _reduces(graphs.backward)
     if (reduces_fwd or reduces_bwd) and not any("conditioning" in n for n in report.notes):
         report.notes.append(f"results after a reduction are held to the standard plus {SPREAD}x "
-                            "their spread under one rounding of the inputs (their conditioning)")
+                            "their spread under one rounding of the inputs and of the reduced "
+                            "values (their conditioning)")
     for dtype in [d for d in wanted if d in FLOAT_DTYPES]:
         fwd, bwd = Comparison(), Comparison()
         nb = 0
