@@ -284,8 +284,8 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
     char *tmp = cv->nstat ? (char *)PyMem_RawMalloc((size_t)(cv->O * Pmax * cs) + 64) : NULL;
     int failed = cols == NULL || res == NULL || (cv->nstat && tmp == NULL);
     /* without an epilogue the walk copies the block to ops[1] (ops[0] stands for the block) */
-    opk_kernel copy = {cv->ccode == OPK_F64 ? opk_conv_copy_d : opk_conv_copy_f, NULL, 0, NULL, 1, 2,
-                       cv->ccode, 1024, 0};
+    opk_kernel copy = {.tile = cv->ccode == OPK_F64 ? opk_conv_copy_d : opk_conv_copy_f,
+                       .nin = 1, .nops = 2, .ccode = cv->ccode, .tile_len = 1024};
     const opk_kernel *epi = cv->epi != NULL ? cv->epi : &copy;
     char *spread[OPK_MAXOPS];
     failed |= opk_conv_spread(cv, epi, Pmax, spread) != 0;

@@ -829,15 +829,15 @@ OPK_BLOCK_FN void opk_hacc_flush(opk_hacc *a, double *acc)
  * NULL) from its registers */
 typedef void (*opk_htile_fn)(Py_ssize_t n, char *const *p, const void *ctx, opk_ntw *w, int fmask,
                              opk_hsums *hs);
-typedef void (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char *const *ptr,
-                            const Py_ssize_t *rstep, int mask, const void *ctx);
+/* 0 (and nothing done) where it has no variant for the per-row input set `mask` */
+typedef int (*opk_rows_fn)(Py_ssize_t nrows, Py_ssize_t inner, char *const *ptr,
+                           const Py_ssize_t *rstep, int mask, const void *ctx);
 
 /* One call of a kernel instance: what the generated module knows about it, and the call's
  * context (its attrs, rounded to the compute type). */
 typedef struct {
     opk_tile_fn tile;
     opk_rows_fn rows;          /* NULL: no row variants */
-    uint64_t row_masks;        /* bit m: `rows` has a variant for the per-row input set m */
     const void *ctx;
     int nin, nops;             /* inputs; inputs + outputs */
     int ccode;                 /* the compute type's code */
@@ -1538,9 +1538,7 @@ static inline int opk_row_run(const opk_kernel *k, Py_ssize_t n, char **ptr, con
         if (o < k->nin && step[o] == 0 && code[o] == k->ccode) mask |= 1 << o;
         else if (!direct[o]) return 0;
     }
-    if (mask == 0 || mask >= 64 || !(k->row_masks >> mask & 1)) return 0;
-    k->rows(1, n, ptr, rstep, mask, k->ctx);
-    return 1;
+    return mask != 0 && k->rows(1, n, ptr, rstep, mask, k->ctx);
 }
 
 /* The first tile's length in a streaming run: short enough that every later tile starts the
@@ -1770,18 +1768,18 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
     }
     group = group && any_rowwise;
     /* the kernel's own row loop takes per-row values as scalars: no spreading, when every
-     * operand is stored in the compute type (and runs contiguously, or is per-row); an output
-     * only folded sums read goes to a buffer of its own (opk_rows_summed) */
+     * operand is stored in the compute type (and runs contiguously, is per-row, or is one row
+     * repeated on every row, read in place: a per-channel weight over NHWC beside per-pixel
+     * statistics); an output only folded sums read goes to a buffer of its own
+     * (opk_rows_summed) */
     int mask = 0, use_rows = group && any_spread && kn->rows != NULL;
     for (Py_ssize_t o = 0; use_rows && o < nk; o++) {
-        if (spreads[o]) {
-            if (step[o] != 0) use_rows = 0;
-            mask |= 1 << o;
-        }
+        if (spreads[o] && step[o] == 0) mask |= 1 << o;
+        else if (spreads[o] && (rs[o] != 0 || step[o] != csize)) use_rows = 0;
         if (o >= nin && kn->discard >> o & 1) continue;
         if (code[o] != ccode || (!spreads[o] && step[o] != csize)) use_rows = 0;
     }
-    if (use_rows && (mask >= 64 || !(kn->row_masks >> mask & 1))) use_rows = 0;
+    if (use_rows && !kn->rows(0, inner, NULL, NULL, mask, kn->ctx)) use_rows = 0;
     char *spread = NULL;
     if (group && any_spread && (!use_rows || kn->nacc > 0)) {
         /* spread inputs, or the outputs only folded sums read (or streamed: opk_rows_summed) */

@@ -28,13 +28,12 @@ cdef extern from "opkit_kernel.h" nogil:
     ctypedef struct opk_hlanes:
         pass
     ctypedef void (*opk_htile_fn)(Py_ssize_t, char* const*, const void*, opk_ntw*, int, opk_hsums*) noexcept nogil
-    ctypedef void (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
+    ctypedef int (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
     enum: OPK_MAXACC
     enum: OPK_HBLOCK
     ctypedef struct opk_kernel:
         opk_tile_fn tile
         opk_rows_fn rows
-        uint64_t row_masks
         const void* ctx
         int nin, nops, ccode
         Py_ssize_t tile_len
@@ -75,11 +74,10 @@ cdef extern from "opkit_kernel.h" nogil:
                      const opk_kernel* k, int available, Py_ssize_t threshold, int max_threads)
 
 
-cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, uint64_t row_masks,
-                                const void* ctx, int nin, int nops, int ccode,
+cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, const void* ctx, int nin, int nops, int ccode,
                                 Py_ssize_t tile_len, bint stream) noexcept nogil:
     cdef opk_kernel k
-    k.tile, k.rows, k.row_masks, k.ctx = tile, rows, row_masks, ctx
+    k.tile, k.rows, k.ctx = tile, rows, ctx
     k.nin, k.nops, k.ccode, k.tile_len, k.stream = nin, nops, ccode, tile_len, stream
     k.nacc, k.acc_fblock, k.htile, k.htile_f, k.discard = 0, 0, NULL, NULL, 0
     return k

@@ -343,17 +343,28 @@ def _per_row_candidates(kernel: Kernel, spec: OpSpec) -> List[int]:
 
 def _row_variants(kernel: Kernel, spec: OpSpec, instances, file_name: str, clip: bool,
                   quant) -> Dict:
-    """One 2-D row loop per set of per-row inputs (a per-pixel slope over NHWC channels)."""
+    """One 2-D row loop per set of per-row inputs: every such set where at most three inputs
+    may be per-row (a per-pixel slope over NHWC channels), else the sets a layout makes per-row,
+    those lacking the walk's innermost dim D, for each dim D (per-pixel statistics over NHWC's
+    channels beside a per-channel weight; the weight over NCHW's rows)."""
     slots = _per_row_candidates(kernel, spec)
-    if not 1 <= len(slots) <= 3 or max(slots) > 5 or len(kernel.outputs) > 4:
-        return {}  # masks are bits of a 64-bit set (opk_kernel.row_masks)
+    if not slots or len(kernel.outputs) > 4:
+        return {}
+    if len(slots) <= 3:
+        picks = [[s for i, s in enumerate(slots) if pick >> i & 1]
+                 for pick in range(1, 1 << len(slots))]
+    else:
+        picks = []
+        for d in kernel.dims or ():
+            pick = [s for s in slots if kernel.in_dims[s] is not None and d not in kernel.in_dims[s]]
+            if pick and pick not in picks:
+                picks.append(pick)
     variants = {}
-    for pick in range(1, 1 << len(slots)):
-        scalars = [s for i, s in enumerate(slots) if pick >> i & 1]
-        mask = sum(1 << s for s in scalars)
-        variants[mask] = {"scalars": scalars,
-                          "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer,
-                                                      quant, scalars) for ct in instances}}
+    for scalars in picks:
+        variants[sum(1 << s for s in scalars)] = {
+            "scalars": scalars,
+            "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant,
+                                        scalars) for ct in instances}}
     return variants
 
 
@@ -396,7 +407,6 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
                  for ct in instances},
         "clip": clip,
         "rows": rows,
-        "row_masks": sum(1 << m for m in rows),
     }
 
 
