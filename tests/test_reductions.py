@@ -422,3 +422,87 @@ def test_show_lists_the_compiled_reductions_instructions(capsys):
     out = capsys.readouterr().out
     assert "library call amax(x) -> tmp0\n  compiled (templates/opkit_reduce.h)" in out
     assert "vcmax    tmp0, tmp0.acc" in out
+
+
+# ------------------------------------------------------------------ large calls in slices
+
+def _sliced_cases(rng):
+    x2 = rng.standard_normal((37, 29)) * 4
+    x4 = rng.uniform(-3, 3, (5, 7, 6, 9))                    # NHWC, C = 9
+    x5 = rng.standard_normal((6, 3, 4, 5, 7))
+    return [("softmax", (x2,), {}),
+            ("logsumexp", (x2,), {}),
+            ("layer_norm", (x4, rng.uniform(-2, 2, 9), rng.uniform(-2, 2, 9)), {"layout": "NHWC"}),
+            ("rms_norm", (x4.transpose(0, 3, 1, 2), rng.uniform(-2, 2, 9)), {"layout": "NCHW"}),
+            ("group_norm", (x5, rng.standard_normal((3, 4)), rng.standard_normal((3, 4))), {})]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_large_calls_run_in_slices_along_a_dim_every_reduction_keeps(monkeypatch, dtype):
+    """A call with reductions whose largest input passes 4 * ROW_SLICE_BYTES runs slice by slice
+    (forced here on small inputs) along a dim the reductions keep: every output is the whole
+    call's, to the bit where it spans that dim; a weight's gradient, summed over it, is added
+    up across the slices in float64; the same bits on one thread and on two."""
+    from opkit.runtime import execute
+    rng = np.random.default_rng(11)
+    sliced = []
+    real = execute.Executor._run_sliced
+
+    def spy(self, d, step, threads, *args, **kw):
+        sliced.append((self.plan.kind, d, step, threads))
+        return real(self, d, step, threads, *args, **kw)
+    monkeypatch.setattr(execute.Executor, "_run_sliced", spy)
+    for name, args, attrs in _sliced_cases(rng):
+        args = [a.astype(dtype) for a in args]
+        o = op(name)
+        y = o(*args, **attrs)
+        dy = rng.standard_normal(y.shape).astype(dtype)
+        whole = [y, *o.backward(dy, *args, **attrs)]
+        assert not sliced
+        monkeypatch.setattr(execute, "ROW_SLICE_BYTES", args[0].nbytes // 16)
+        runs = []
+        for n in (1, 2):
+            with opkit.config(num_threads=n):
+                runs.append([o(*args, **attrs), *o.backward(dy, *args, **attrs)])
+        monkeypatch.setattr(execute, "ROW_SLICE_BYTES", 4 << 20)
+        assert [k for k, *_ in sliced] == ["forward", "backward"] * 2, (name, sliced)
+        assert all(threads == 0 and step < args[0].shape[0] for *_, step, threads in sliced)
+        sliced.clear()
+        for a, b in zip(*runs):
+            assert np.array_equal(a, b, equal_nan=True), name
+        for i, (got, want) in enumerate(zip(runs[0], whole)):
+            if got.ndim and got.shape[0] == args[0].shape[0]:
+                assert np.array_equal(got, want), (name, i)
+            else:   # summed over the slices: another order of the same float64 adds
+                np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_only_plans_of_reductions_and_kernels_may_run_in_slices():
+    """The dims a plan runs in slices along: those every reduction keeps and no mean's gradient
+    divides by; none for a plan with a library call other than a reduction (convolutions) or
+    without reductions."""
+    want = {"softmax": ("N",), "log_softmax": ("N",), "logsumexp": ("N",),
+            "layer_norm": ("H", "N", "W"), "rms_norm": ("H", "N", "W"),
+            "pixel_norm": ("H", "N", "W"), "group_norm": ("G", "N"), "minibatch_stddev": ("M",)}
+    for name, dims in want.items():
+        for variant in op(name).variants:
+            for ex in op(name)._run_plans(variant):
+                assert ex.row_dims == dims, (name, variant.label(), ex.plan.kind)
+    for name in ("leaky_relu", "spatial_leaky_relu", "conv2d_bn_train_leaky_relu"):
+        assert all(ex.row_dims == () for ex in opkit.get(name)._run_plans() if ex is not None)
+
+
+def test_row_loops_take_per_pixel_statistics_beside_a_per_channel_weight():
+    """A kernel with more than three inputs that may be per-row gets a row loop per layout's
+    set of them (those lacking the walk's innermost dim): LayerNorm's normalization over NHWC
+    takes the per-pixel mean and deviation as scalars and reads the weight and bias rows in
+    place, over NCHW's rows the weight and bias as scalars."""
+    from opkit.codegen.render import _row_variants
+    o = op("layer_norm")
+    variant = next(v for v in o.variants if set(v.given) == {"weight", "bias"})
+    k = o.lowered(variant).forward.kernels[-1]
+    per_pixel = sum(1 << i for i, d in enumerate(k.in_dims) if "C" not in d)
+    per_channel = sum(1 << i for i, d in enumerate(k.in_dims) if d == ("C",))
+    assert bin(per_pixel).count("1") == 2 and bin(per_channel).count("1") == 2, k.in_dims
+    rows = _row_variants(k, o.spec, [], "layer_norm.yaml", False, None)
+    assert per_pixel in rows and per_channel in rows

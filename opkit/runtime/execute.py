@@ -200,6 +200,53 @@ def _batch_dims(plan: Plan) -> Tuple[str, ...]:
     return tuple(d for d in ("N", "C") if slicing and d not in along)
 
 
+# bytes of the largest input per slice of a plan with reductions (Executor._row_split): each
+# pass after a reduction then reads what the pass before wrote from the 32 MB L3, not from
+# memory (4-8 MB measured best for softmax and layer_norm at 64 MB, docs/performance.md)
+ROW_SLICE_BYTES = 4 << 20
+
+
+def _row_dims(plan: Plan) -> Tuple[str, ...]:
+    """The dims a plan with reductions may run slice by slice along: those every reduction of
+    the plan keeps, that no mean's gradient divides by (`share`), where the plan has nothing
+    but kernels, reductions and sum_tos (a sum_to over the dim is added up across the slices:
+    checked per call, Executor._partial_outputs). Empty for plans without reductions."""
+    keep: Optional[set] = None
+    excluded: set = set()
+    terminal = _summed_for_outputs(plan)
+    for s in plan.steps:
+        if isinstance(s, Kernel):
+            if s.dims is None:
+                return ()
+            calls = [c for c in s.sums if c.prim != "sum_to" and c.result not in terminal]
+        elif isinstance(s, LibCall) and (s.prim in ("sum", "mean") or s.prim in COMPILED_REDUCTIONS):
+            calls = [s]
+        elif isinstance(s, LibCall) and s.prim == "share":
+            excluded.update(s.params[0])
+            continue
+        elif isinstance(s, LibCall) and s.prim == "sum_to":
+            continue
+        else:
+            return ()
+        for c in calls:
+            keep = set(c.params[0]) if keep is None else keep & set(c.params[0])
+    return tuple(sorted(keep - excluded)) if keep else ()
+
+
+def _summed_for_outputs(plan: Plan) -> set:
+    """The temps a sum folded into a kernel writes that nothing but sum_tos into outputs read
+    (a weight's gradient, summed over N, H and W): they are kept in float64, as added up, for
+    the sum_to, and a plan in slices adds them up across its slices."""
+    readers: Dict[Value, list] = {}
+    for s in plan.steps:
+        for v in s.reads:
+            readers.setdefault(v, []).append(s)
+    return {c.result for s in plan.steps if isinstance(s, Kernel) for c in s.sums
+            if c.prim == "sum" and c.result in readers
+            and all(isinstance(r, LibCall) and r.prim == "sum_to" and r.result.kind is Kind.OUTPUT
+                    for r in readers[c.result])}
+
+
 class Executor:
     """A plan plus what the runtime precomputes about it once."""
 
@@ -231,6 +278,12 @@ class Executor:
         # outputs that steps after the one writing them read (a batch mean the normalization uses)
         self.reread = {v for v, readers in self.readers.items() if v.kind is Kind.OUTPUT}
         self.batch_dims = _batch_dims(plan)
+        self.row_dims = () if self.batch_dims else _row_dims(plan)
+        self.wide = _summed_for_outputs(plan)
+        # outputs a sum_to writes (a weight's gradient): a plan in slices may add them up
+        self.summed_to = {c.result for s in plan.steps
+                          for c in ((s,) if isinstance(s, LibCall) else getattr(s, "sums", ()))
+                          if c.prim == "sum_to" and c.result.kind is Kind.OUTPUT}
 
     def run(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
             out_dtypes: Dict[Value, np.dtype], like: Dict[Value, Array],
@@ -241,6 +294,11 @@ class Executor:
         split = self._split(bound, like)
         if split is not None:
             return self._run_sliced(*split, bound, module, out_arrays, out_dtypes, like, clip)
+        rows = self._row_split(bound, like, clip)
+        if rows is not None:
+            d, step, partial = rows
+            return self._run_sliced(d, step, 0, bound, module, out_arrays, out_dtypes, like, clip,
+                                    partial)
         return self._run_whole(bound, module, out_arrays, out_dtypes, like, clip)
 
     def _split(self, bound: Bound, like: Dict[Value, Array]) -> Optional[Tuple[str, int, int]]:
@@ -269,14 +327,63 @@ class Executor:
                    if isinstance(s, LibCall) and s.prim == "sum_to"]
         return all(d in names and arr.shape[names.index(d)] == n for arr, names in arrays)
 
+    def _row_split(self, bound: Bound, like: Dict[Value, Array],
+                   clip: Optional[float]) -> Optional[Tuple[str, int, Tuple[Value, ...]]]:
+        """(dim, slice length, outputs added up across slices) to run a plan with reductions
+        in slices, or None for one run.
+
+        Each pass of such a plan reads what the one before wrote (a row max, the exponentials
+        and their sum, the quotient): over a large array every pass goes to memory. A slice of
+        about ROW_SLICE_BYTES of its largest input keeps them in cache. Slices run one after
+        another, each on every thread; the slicing depends on the shapes alone, so results do
+        not depend on the number of threads. The dim: the outermost in memory of the largest
+        input among those the reductions keep (`_row_dims`) whose slices come near that size."""
+        if not self.row_dims:
+            return None
+        big, names = max(bound.values.values(), key=lambda v: v[0].nbytes,
+                         default=(np.empty(0), ()))
+        if big.nbytes < 4 * ROW_SLICE_BYTES:
+            return None
+        dims = sorted((d for d in self.row_dims if d in names and big.shape[names.index(d)] > 1),
+                      key=lambda d: -abs(big.strides[names.index(d)]))
+        for d in dims:
+            n = big.shape[names.index(d)]
+            step = max(1, ROW_SLICE_BYTES * n // big.nbytes)
+            if big.nbytes * step // n > 2 * ROW_SLICE_BYTES and d != dims[-1]:
+                continue   # too few along d for slices in cache: a dim further in
+            partial = self._partial_outputs(d, n, bound, like)
+            if partial is None or (partial and clip is not None):
+                return None  # (clipped per slice, a sum across slices would not be)
+            return d, step, partial
+        return None
+
+    def _partial_outputs(self, d: str, n: int, bound: Bound,
+                         like: Dict[Value, Array]) -> Optional[Tuple[Value, ...]]:
+        """The outputs a sum_to adds up along d (a weight's gradient), which slices along d add
+        up in float64 across the slices; None when some output or sum_to target neither spans
+        d whole nor is such a sum, or a later step reads it."""
+        partial = []
+        for _, vid in self.plan.outputs:
+            arr, names = like[vid]
+            if d in names and arr.shape[names.index(d)] == n:
+                continue
+            if vid not in self.summed_to or vid in self.reread:
+                return None
+            partial.append(vid)
+        return tuple(partial)
+
     def _run_sliced(self, d: str, step: int, threads: int, bound: Bound, module, out_arrays,
-                    out_dtypes, like, clip) -> Dict[str, np.ndarray]:
+                    out_dtypes, like, clip, partial: Tuple[Value, ...] = ()) -> Dict[str, np.ndarray]:
         """The plan run on slices of `step` along `d` on `threads` threads (one thread inside
-        each slice): into the whole outputs, allocated first."""
+        each slice), or with `threads` 0 one slice after another (every thread inside each):
+        into the whole outputs, allocated first. The `partial` outputs (sums over d) are each
+        slice's own float64 sums, added up in slice order."""
         outs = dict(out_arrays)
         for _, vid in self.plan.outputs:
             if vid not in outs:
                 outs[vid] = self._allocate(like[vid], out_dtypes[vid])[0]
+        starts = range(0, bound.sizes[d], step)
+        parts = {vid: [np.zeros(like[vid][0].shape) for _ in starts] for vid in partial}
 
         def cut(arr: np.ndarray, names, lo: int) -> np.ndarray:
             if d not in names or arr.shape[names.index(d)] == 1:  # (broadcast along d)
@@ -292,15 +399,24 @@ class Executor:
                 sizes={**bound.sizes, d: n})
             part_like = {vid: (cut(a, nm, lo), nm) for vid, (a, nm) in like.items()}
             part_outs = {vid: cut(arr, like[vid][1], lo) for vid, arr in outs.items()}
-            with config(num_threads=1):
-                self._run_whole(part, module, part_outs, out_dtypes, part_like, clip)
+            part_outs.update({vid: p[lo // step] for vid, p in parts.items()})
+            dtypes = {**out_dtypes, **{vid: np.dtype(np.float64) for vid in parts}}
+            with config(num_threads=1) if threads else contextlib.nullcontext():
+                self._run_whole(part, module, part_outs, dtypes, part_like, clip)
 
-        starts = range(0, bound.sizes[d], step)
-        # each slice in a copy of the caller's settings (isa, ...), taken here: a pool thread
-        # starts with the defaults
-        contexts = [contextvars.copy_context() for _ in starts]
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda c, lo: c.run(one, lo), contexts, starts))
+        if threads:
+            # each slice in a copy of the caller's settings (isa, ...), taken here: a pool thread
+            # starts with the defaults
+            contexts = [contextvars.copy_context() for _ in starts]
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda c, lo: c.run(one, lo), contexts, starts))
+        else:
+            for lo in starts:
+                one(lo)
+        for vid, p in parts.items():
+            total = functools.reduce(np.add, p)
+            with np.errstate(over="ignore"):  # past float16's range: inf, as a kernel stores it
+                np.copyto(outs[vid], total, casting="unsafe")
         return {name: outs[vid] for name, vid in self.plan.outputs}
 
     def _run_whole(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
@@ -389,8 +505,11 @@ class Executor:
         for c, folded in zip(summed, sums):
             total = _mean_of(folded.total, env[c.args[0]], c.params[0]) if c.prim == "mean" \
                 else folded.total
-            self._put(c.result, (_narrowed(total, st.temp_dtype), folded.names), env,
-                      out_dtypes, like, clip, st.temp_dtype, st.final)
+            # a slice's own sum, or one only a sum_to into an output reads: kept as added up
+            if out_dtypes.get(c.result) != np.float64 and c.result not in self.wide:
+                total = _narrowed(total, st.temp_dtype)
+            self._put(c.result, (total, folded.names), env, out_dtypes, like, clip,
+                      st.temp_dtype, st.final)
 
     @staticmethod
     def _writes_given(k: Kernel, st: "_State") -> bool:
