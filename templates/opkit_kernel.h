@@ -1768,23 +1768,28 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
     }
     group = group && any_rowwise;
     /* the kernel's own row loop takes per-row values as scalars: no spreading, when every
-     * operand is stored in the compute type (and runs contiguously, is per-row, or is one row
-     * repeated on every row, read in place: a per-channel weight over NHWC beside per-pixel
-     * statistics); an output only folded sums read goes to a buffer of its own
-     * (opk_rows_summed) */
-    int mask = 0, use_rows = group && any_spread && kn->rows != NULL;
+     * operand is stored in the compute type and runs contiguously, or is per-row, or is one row
+     * repeated on every row (a per-channel weight over NHWC beside per-pixel statistics: read
+     * in place, or converted once into a row of the compute type, `conv`); an output only
+     * folded sums read goes to a buffer of its own (opk_rows_summed) */
+    int mask = 0, use_rows = group && any_spread && kn->rows != NULL, conv = 0;
     for (Py_ssize_t o = 0; use_rows && o < nk; o++) {
+        const int repeated = spreads[o] && rs[o] == 0 && step[o] != 0;
         if (spreads[o] && step[o] == 0) mask |= 1 << o;
-        else if (spreads[o] && (rs[o] != 0 || step[o] != csize)) use_rows = 0;
+        else if (spreads[o] && !repeated) use_rows = 0;
+        if (repeated && (code[o] != ccode || step[o] != csize)) { conv |= 1 << o; continue; }
         if (o >= nin && kn->discard >> o & 1) continue;
         if (code[o] != ccode || (!spreads[o] && step[o] != csize)) use_rows = 0;
     }
     if (use_rows && !kn->rows(0, inner, NULL, NULL, mask, kn->ctx)) use_rows = 0;
+    if (!use_rows) conv = 0;
     char *spread = NULL;
-    if (group && any_spread && (!use_rows || kn->nacc > 0)) {
-        /* spread inputs, or the outputs only folded sums read (or streamed: opk_rows_summed) */
-        spread = (char *)PyMem_RawMalloc((size_t)(use_rows ? nk - nin : nin) * OPK_GROUP * csize);
-        if (spread == NULL) group = use_rows = 0;
+    const size_t spread_bytes = (size_t)(use_rows ? nk - nin : nin) * OPK_GROUP * csize;
+    if (group && any_spread && (!use_rows || kn->nacc > 0 || conv)) {
+        /* spread inputs, or the outputs only folded sums read (or streamed: opk_rows_summed),
+         * then the converted rows */
+        spread = (char *)PyMem_RawMalloc(spread_bytes + (conv ? (size_t)nin * inner * csize : 0));
+        if (spread == NULL) group = use_rows = conv = 0;
     }
     Py_ssize_t left = stop - start;
     for (;;) {
@@ -1793,8 +1798,18 @@ static void opk_walk_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g
         if (nrows > OPK_GROUP / inner) nrows = OPK_GROUP / inner;
         Py_ssize_t m;
         if (nrows >= 2 && use_rows) {
-            if (kn->nacc > 0) opk_rows_summed(kn, nrows, inner, row, rs, step, mask, spread, stop - left);
-            else kn->rows(nrows, inner, row, rs, mask, kn->ctx);
+            char *rp[OPK_MAXARR];
+            for (Py_ssize_t k = 0; k < nops; k++) {
+                rp[k] = row[k];
+                if (!(conv >> k & 1)) continue;
+                rp[k] = spread + spread_bytes + k * inner * csize;
+                if (filled[k] != row[k]) {  /* the row in the compute type, once while it stays */
+                    opk_load_c(ccode, rp[k], row[k], step[k], code[k], inner);
+                    filled[k] = row[k];
+                }
+            }
+            if (kn->nacc > 0) opk_rows_summed(kn, nrows, inner, rp, rs, step, mask, spread, stop - left);
+            else kn->rows(nrows, inner, rp, rs, mask, kn->ctx);
             m = nrows * inner;
         } else if (nrows >= 2) {
             for (Py_ssize_t k = 0; k < nops; k++) {

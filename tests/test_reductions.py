@@ -506,3 +506,23 @@ def test_row_loops_take_per_pixel_statistics_beside_a_per_channel_weight():
     assert bin(per_pixel).count("1") == 2 and bin(per_channel).count("1") == 2, k.in_dims
     rows = _row_variants(k, o.spec, [], "layer_norm.yaml", False, None)
     assert per_pixel in rows and per_channel in rows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_a_weight_read_through_a_view_gives_the_bits_of_a_contiguous_one(dtype):
+    """The row loop reads a weight repeated on every row in place, or converted once into a
+    contiguous row when it is a reversed or strided view: the same bits either way."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 5, 6, 40)).astype(dtype)         # NHWC, C = 40
+    wide = rng.standard_normal(80).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    for w in (wide[::-2], wide[::2]):
+        b = w[::-1]
+        got = [op("layer_norm")(x, w, b, layout="NHWC"),
+               *op("layer_norm").backward(dy, x, w, b, layout="NHWC")]
+        want = [op("layer_norm")(x, w.copy(), b.copy(), layout="NHWC"),
+                *op("layer_norm").backward(dy, x, w.copy(), b.copy(), layout="NHWC")]
+        for g, r in zip(got, want):
+            assert np.array_equal(g, r)
+        np.testing.assert_allclose(want[0], _norm_c(x.astype(np.float64), 3, True, 1e-5) * w + b,
+                                   rtol=TOL.get(dtype, 1e-12), atol=TOL.get(dtype, 1e-12))
