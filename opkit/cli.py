@@ -360,6 +360,7 @@ def _show(op, build: bool) -> str:
             for dt in s.dtypes:
                 out.append(f"  {dt}: {cost(k, dt, target.vector_bytes)}")
                 out += [f"    {line}" for line in listing(k, dt)]
+        out += _slices_lines(plan)
     out += ["", "## generated source", ""]
     if built:
         out.append(f"# {built.source_path}")
@@ -367,6 +368,19 @@ def _show(op, build: bool) -> str:
     else:
         out.append(op.source())
     return "\n".join(out)
+
+
+def _slices_lines(plan) -> list:
+    """How a large call runs a plan with reductions: in slices, where (Executor._row_split)."""
+    from .runtime.execute import ROW_SLICE_BYTES, row_dims
+    dims = row_dims(plan)
+    if not dims:
+        return []
+    return ["", f"{plan.kind} in slices: a call whose largest input has {4 * ROW_SLICE_BYTES >> 20} MiB "
+            f"or more runs the steps above on slices of about {ROW_SLICE_BYTES >> 20} MiB of it along "
+            f"one of {', '.join(dims)} (the dims every reduction keeps; the outermost in memory), one "
+            "slice after another on every thread: each pass after the first reads what the one "
+            "before wrote from cache, not from memory"]
 
 
 def _fusion_lines(lowered) -> list:

@@ -422,6 +422,9 @@ def test_show_lists_the_compiled_reductions_instructions(capsys):
     out = capsys.readouterr().out
     assert "library call amax(x) -> tmp0\n  compiled (templates/opkit_reduce.h)" in out
     assert "vcmax    tmp0, tmp0.acc" in out
+    for kind in ("forward", "backward"):
+        assert f"{kind} in slices: a call whose largest input has 16 MiB or more runs the steps " \
+               "above on slices of about 4 MiB of it along one of N " in out
 
 
 # ------------------------------------------------------------------ large calls in slices
@@ -481,13 +484,14 @@ def test_only_plans_of_reductions_and_kernels_may_run_in_slices():
     """The dims a plan runs in slices along: those every reduction keeps and no mean's gradient
     divides by; none for a plan with a library call other than a reduction (convolutions) or
     without reductions."""
+    from opkit.runtime import execute
     want = {"softmax": ("N",), "log_softmax": ("N",), "logsumexp": ("N",),
             "layer_norm": ("H", "N", "W"), "rms_norm": ("H", "N", "W"),
             "pixel_norm": ("H", "N", "W"), "group_norm": ("G", "N"), "minibatch_stddev": ("M",)}
     for name, dims in want.items():
         for variant in op(name).variants:
             for ex in op(name)._run_plans(variant):
-                assert ex.row_dims == dims, (name, variant.label(), ex.plan.kind)
+                assert ex.row_dims == dims == execute.row_dims(ex.plan), (name, variant.label(), ex.plan.kind)
     for name in ("leaky_relu", "spatial_leaky_relu", "conv2d_bn_train_leaky_relu"):
         assert all(ex.row_dims == () for ex in opkit.get(name)._run_plans() if ex is not None)
 

@@ -206,7 +206,7 @@ def _batch_dims(plan: Plan) -> Tuple[str, ...]:
 ROW_SLICE_BYTES = 4 << 20
 
 
-def _row_dims(plan: Plan) -> Tuple[str, ...]:
+def row_dims(plan: Plan) -> Tuple[str, ...]:
     """The dims a plan with reductions may run slice by slice along: those every reduction of
     the plan keeps, that no mean's gradient divides by (`share`), where the plan has nothing
     but kernels, reductions and sum_tos (a sum_to over the dim is added up across the slices:
@@ -278,7 +278,7 @@ class Executor:
         # outputs that steps after the one writing them read (a batch mean the normalization uses)
         self.reread = {v for v, readers in self.readers.items() if v.kind is Kind.OUTPUT}
         self.batch_dims = _batch_dims(plan)
-        self.row_dims = () if self.batch_dims else _row_dims(plan)
+        self.row_dims = () if self.batch_dims else row_dims(plan)
         self.wide = _summed_for_outputs(plan)
         # outputs a sum_to writes (a weight's gradient): a plan in slices may add them up
         self.summed_to = {c.result for s in plan.steps
@@ -337,7 +337,7 @@ class Executor:
         about ROW_SLICE_BYTES of its largest input keeps them in cache. Slices run one after
         another, each on every thread; the slicing depends on the shapes alone, so results do
         not depend on the number of threads. The dim: the outermost in memory of the largest
-        input among those the reductions keep (`_row_dims`) whose slices come near that size."""
+        input among those the reductions keep (`row_dims`) whose slices come near that size."""
         if not self.row_dims:
             return None
         big, names = max(bound.values.values(), key=lambda v: v[0].nbytes,
