@@ -28,8 +28,9 @@ COMPILED_REDUCTIONS = {"amax": 0, "amin": 1, "logsumexp": 2}
 
 def fold_sums(plan: Plan) -> Plan:
     """The plan with every `sum`, `mean` and `sum_to` of a kernel's temp folded into that kernel,
-    up to MAX_SUMS per kernel, and every `sum` and `mean` of an input run as a kernel of its own
-    that reads the input once and adds it up (no NumPy call, no copy)."""
+    up to MAX_SUMS per kernel, and every other `sum` and `mean` (of an input, of a fused step's
+    result) run as a kernel of its own that reads the array once and adds it up (no NumPy call,
+    no copy)."""
     plan = _input_reductions(plan)
     writer: Dict[object, Kernel] = {}
     for step in plan.steps:
@@ -69,12 +70,14 @@ def _foldable(call: LibCall, k: Kernel, already: List[LibCall]) -> bool:
 
 
 def _input_reductions(plan: Plan) -> Plan:
-    """Each `sum` or `mean` of an input of the pass as a kernel that loads the input into a
-    temp, which the sum folded into it reads (the runtime then stores nothing)."""
+    """Each `sum` or `mean` of an input of the pass, or of an array no kernel of the plan writes
+    (a fused convolution's epilogue output, a library call's result), as a kernel that loads it
+    into a temp, which the sum folded into it reads (the runtime then stores nothing)."""
     steps, temps = [], list(plan.temps)
+    kernels_write = {v for s in plan.steps if isinstance(s, Kernel) for v in s.outputs}
     for step in plan.steps:
         reduces = isinstance(step, LibCall) and step.prim in ("sum", "mean") and \
-            step.args[0].kind is Kind.INPUT and step.arg_dims
+            step.args[0] not in kernels_write and step.arg_dims
         dims = step.arg_dims[0] if reduces else None
         if dims is None or not set(step.params[0]) <= set(dims):
             steps.append(step)
