@@ -547,3 +547,33 @@ def test_no_sum_or_mean_of_a_bundled_or_example_operator_runs_in_numpy():
                 left = [s.name for s in (plan.steps if plan else ())
                         if isinstance(s, LibCall) and s.prim in ("sum", "mean")]
                 assert not left, (o.name, variant.label(), plan.kind, left)
+
+
+def test_a_clipped_backward_runs_in_slices_only_without_sums_across_them(monkeypatch):
+    """Gradient clipping clamps each output as it is written: a slice's clamped share of a
+    weight's gradient would not add up to the clamped sum, so such a call runs whole; softmax's
+    clipped dx (no sum across slices) still runs in slices. Both give the whole call's bits."""
+    from opkit.runtime import execute
+    rng = np.random.default_rng(19)
+    x = rng.uniform(-3, 3, (6, 5, 4, 9))
+    w, b = rng.uniform(-2, 2, 9), rng.uniform(-2, 2, 9)
+    x2 = rng.standard_normal((24, 7)) * 4
+    dy, dy2 = rng.standard_normal(x.shape) * 5, rng.standard_normal(x2.shape) * 5
+    calls = {"layer_norm": lambda: op("layer_norm").backward(dy, x, w, b, layout="NHWC", clip=0.5),
+             "softmax": lambda: op("softmax").backward(dy2, x2, clip=0.05)}
+    whole = {name: f() for name, f in calls.items()}
+    sliced = []
+    real = execute.Executor._run_sliced
+
+    def spy(self, *args, **kw):
+        sliced.append(self.plan.kind)
+        return real(self, *args, **kw)
+    monkeypatch.setattr(execute.Executor, "_run_sliced", spy)
+    monkeypatch.setattr(execute, "ROW_SLICE_BYTES", 64)
+    for name, f in calls.items():
+        got = f()
+        assert sliced == ([] if name == "layer_norm" else ["backward"]), (name, sliced)
+        sliced.clear()
+        for g, r in zip(got, whole[name]):
+            assert np.array_equal(g, r), name
+        assert np.abs(got[0]).max() <= (0.5 if name == "layer_norm" else 0.05)

@@ -315,17 +315,10 @@ class Executor:
         threads = max(1, setting("num_threads"))
         for d in self.batch_dims:
             n = bound.sizes.get(d, 1)
-            if n < 2 * threads or not self._sliceable(d, n, bound, like):
-                continue
+            if n < 2 * threads or self._partial_outputs(d, n, like) != ():
+                continue   # (an output, or a sum_to's target, shorter along d)
             return d, max(1, min(n // (2 * threads), int(SLICE_BYTES * n // biggest))), threads
         return None
-
-    def _sliceable(self, d: str, n: int, bound: Bound, like: Dict[Value, Array]) -> bool:
-        """Whether every output and every sum_to's target runs the whole length n along d."""
-        arrays = [like[vid] for _, vid in self.plan.outputs]
-        arrays += [bound.values[s.params[0]] for s in self.plan.steps
-                   if isinstance(s, LibCall) and s.prim == "sum_to"]
-        return all(d in names and arr.shape[names.index(d)] == n for arr, names in arrays)
 
     def _row_split(self, bound: Bound, like: Dict[Value, Array],
                    clip: Optional[float]) -> Optional[Tuple[str, int, Tuple[Value, ...]]]:
@@ -351,17 +344,18 @@ class Executor:
             step = max(1, ROW_SLICE_BYTES * n // big.nbytes)
             if big.nbytes * step // n > 2 * ROW_SLICE_BYTES and d != dims[-1]:
                 continue   # too few along d for slices in cache: a dim further in
-            partial = self._partial_outputs(d, n, bound, like)
+            partial = self._partial_outputs(d, n, like)
             if partial is None or (partial and clip is not None):
                 return None  # (clipped per slice, a sum across slices would not be)
             return d, step, partial
         return None
 
-    def _partial_outputs(self, d: str, n: int, bound: Bound,
+    def _partial_outputs(self, d: str, n: int,
                          like: Dict[Value, Array]) -> Optional[Tuple[Value, ...]]:
-        """The outputs a sum_to adds up along d (a weight's gradient), which slices along d add
-        up in float64 across the slices; None when some output or sum_to target neither spans
-        d whole nor is such a sum, or a later step reads it."""
+        """The outputs that do not run the whole length n along d: each a sum_to's result (a
+        weight's gradient, shaped like its input, the sum_to's target), which slices along d
+        add up in float64 across the slices. None when some other output is shorter along d,
+        or a later step reads such a sum."""
         partial = []
         for _, vid in self.plan.outputs:
             arr, names = like[vid]
