@@ -506,6 +506,17 @@ def test_leaky_relu_backward_simplifies():
     assert g.backward is g.derived
 
 
+def test_expm1_gradient_is_exp_unless_expm1_is_read_anyway():
+    # elu's backward computes e ** x (cheaper than expm1(x) + 1); celu's min compares
+    # expm1(x / w), so its backward reuses that value rather than calling both
+    _, g = graphs_of("where(x > 0, x, 1.3 * expm1(x))", inputs=("x",))
+    text = g.backward.format()
+    assert "exp(x)" in text and "expm1" not in text, text
+    _, g = graphs_of("max(0, x) + min(0, 1.3 * expm1(x / 1.3))", inputs=("x",))
+    text = g.backward.format()
+    assert "expm1" in text and "exp(" not in text.replace("expm1(", ""), text
+
+
 def test_unused_inputs_get_zero_gradients():
     spec, g = graphs_of("where(z > 0, x * 2, x)", inputs=("x", "w", "z"))
     text = g.backward.format()

@@ -68,9 +68,39 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
                     # now, so everything upstream of it works on its small shape
                     given = Cotangent(reduce_to(applied(given), arg.dims))
             give(arg, given)
-    return [sum_to(applied(combine(list(terms[id(x)].values()))) if id(x) in terms
-                   else const(0.0), x)
-            for x in wrt]
+    return _exp_for_expm1([sum_to(applied(combine(list(terms[id(x)].values()))) if id(x) in terms
+                                  else const(0.0), x)
+                           for x in wrt])
+
+
+def _expm1_plus_one(node: Node) -> Optional[Node]:
+    """The expm1 node of `expm1(x) + 1` (expm1's derivative rule), else None."""
+    if node.op != "add":
+        return None
+    for e, one in (node.args, node.args[::-1]):
+        if e.op == "expm1" and one.is_const and one.value == 1.0:
+            return e
+    return None
+
+
+def _exp_for_expm1(roots: List[Node]) -> List[Node]:
+    """The gradients with `expm1(x) + 1` as `exp(x)` where they read expm1(x) nowhere else: a
+    backward computes it again from x, and exp is the cheaper function (elu's and selu's
+    backward); where expm1(x) is read anyway (celu's min compares it), the sum reuses it."""
+    order = topo_order(roots)
+    uses: Dict[int, int] = {}
+    for n in order:
+        for a in n.args:
+            uses[id(a)] = uses.get(id(a), 0) + 1
+    new: Dict[int, Node] = {}
+    for n in order:
+        e = _expm1_plus_one(n)
+        if e is not None and uses[id(e)] == 1 and all(e is not r for r in roots):
+            new[id(n)] = apply("exp", new[id(e.args[0])])
+            continue
+        args = tuple(new[id(a)] for a in n.args)
+        new[id(n)] = n if args == n.args else Node(n.op, args, n.params, n.kind, n.dims, n.loc)
+    return [new[id(r)] for r in roots]
 
 
 # primitives whose derivative is bounded wherever their argument is finite or infinite (a
