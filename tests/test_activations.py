@@ -91,7 +91,7 @@ ACTS = [
         lambda x, alpha: np.where(x > 0, 1.0, alpha * np.exp(x)), {"alpha": 0.75}, [0.0]),
     Act("selu", lambda x: SELU_SCALE * np.where(x > 0, x, SELU_ALPHA * np.expm1(x)),
         lambda x: SELU_SCALE * np.where(x > 0, 1.0, SELU_ALPHA * np.exp(x)), {}, [0.0]),
-    # a tie of max and one of min at 0 share the gradient: 1/2 + 1/2 * exp(0)
+    # the max/min definition's gradient at 0: its two ties share it, 1/2 + 1/2 * exp(0) = 1
     Act("celu", lambda x, alpha: np.maximum(0, x) + np.minimum(0, alpha * np.expm1(x / alpha)),
         lambda x, alpha: np.where(x > 0, 1.0, np.exp(x / alpha)), {"alpha": 0.5}, [0.0]),
     # kinks at -2 and 2 in every dtype; the gradient is 0 at both, as torch.nn.Hardsigmoid's
