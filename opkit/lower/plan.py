@@ -237,9 +237,12 @@ class Fused:
     stats: Tuple[Stat, ...]
     channel: str                  # the dim the statistics keep
     layouts: Tuple[str, ...]      # the call layouts the epilogue fuses in
+    # the parts with their means folded into kernels (lower/reduce.py's fold_sums), as they run
+    # one after another; () until then
+    fallback: Tuple[Union[Kernel, LibCall], ...] = ()
 
     @property
-    def parts(self) -> Tuple[Union[Kernel, LibCall], ...]:
+    def unfolded(self) -> Tuple[Union[Kernel, LibCall], ...]:
         """The steps it stands for, in an order that runs them one after another."""
         out: list = [self.call]
         for st in self.stats:
@@ -247,17 +250,22 @@ class Fused:
         return tuple(out) + ((self.epilogue,) if self.epilogue is not None else ())
 
     @property
+    def parts(self) -> Tuple[Union[Kernel, LibCall], ...]:
+        """What runs where the step does not fuse: the fallback once sums are folded."""
+        return self.fallback or self.unfolded
+
+    @property
     def kernels(self) -> Tuple[Kernel, ...]:
         return tuple(p for p in self.parts if isinstance(p, Kernel))
 
     @property
     def reads(self) -> Tuple[Value, ...]:
-        inner = {w for p in self.parts for w in p.writes}
-        return tuple(dict.fromkeys(r for p in self.parts for r in p.reads if r not in inner))
+        inner = {w for p in self.unfolded for w in p.writes}
+        return tuple(dict.fromkeys(r for p in self.unfolded for r in p.reads if r not in inner))
 
     @property
     def writes(self) -> Tuple[Value, ...]:
-        return tuple(w for p in self.parts for w in p.writes)
+        return tuple(w for p in self.unfolded for w in p.writes)
 
 
 @dataclass(frozen=True)

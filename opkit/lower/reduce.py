@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List
 
-from .plan import LOAD, Instr, Kernel, Kind, LibCall, Plan, Reg, Value
+from .plan import LOAD, Fused, Instr, Kernel, Kind, LibCall, Plan, Reg, Value
 
 MAX_SUMS = 4            # sums one kernel may fold (OPK_MAXACC)
 SUM_CHUNK = 1 << 15     # elements per chunk of partial sums, at least (OPK_ACC_CHUNK)
@@ -31,7 +31,7 @@ def fold_sums(plan: Plan) -> Plan:
     up to MAX_SUMS per kernel, and every other `sum` and `mean` (of an input, of a fused step's
     result) run as a kernel of its own that reads the array once and adds it up (no NumPy call,
     no copy)."""
-    plan = _input_reductions(plan)
+    plan = _fold_fallbacks(_input_reductions(plan))
     writer: Dict[object, Kernel] = {}
     for step in plan.steps:
         if isinstance(step, Kernel):
@@ -58,6 +58,19 @@ def fold_sums(plan: Plan) -> Plan:
                                                  and v not in read))
              if isinstance(s, Kernel) and s.name in folded else s for s in steps]
     return dataclasses.replace(plan, steps=tuple(steps))
+
+
+def _fold_fallbacks(plan: Plan) -> Plan:
+    """Each fused step with statistics, with its parts folded as a plan's steps are: where it
+    does not fuse (another layout, no BLAS) its means still add up in compiled kernels."""
+    temps, steps = plan.temps, []
+    for step in plan.steps:
+        if isinstance(step, Fused) and step.stats:
+            parts = fold_sums(dataclasses.replace(plan, steps=step.unfolded, temps=temps))
+            temps = parts.temps
+            step = dataclasses.replace(step, fallback=parts.steps)
+        steps.append(step)
+    return dataclasses.replace(plan, steps=tuple(steps), temps=temps)
 
 
 def _foldable(call: LibCall, k: Kernel, already: List[LibCall]) -> bool:

@@ -269,12 +269,12 @@ class Executor:
                 if src.kind is Kind.TEMP and self.readers.get(src) == [i]:
                     self.direct[src] = step
         # a kernel's temps read only by sums folded into it: they need not be stored
+        # (those of a fused step's parts too: the stat kernels its fallback runs)
         self.folded: Dict[Value, List[LibCall]] = {}
-        for step in plan.steps:
-            if isinstance(step, Kernel):
-                for c in step.sums:
-                    if c.args[0] not in self.readers:
-                        self.folded.setdefault(c.args[0], []).append(c)
+        for step in plan.kernels:
+            for c in step.sums:
+                if c.args[0] not in self.readers:
+                    self.folded.setdefault(c.args[0], []).append(c)
         # outputs that steps after the one writing them read (a batch mean the normalization uses)
         self.reread = {v for v, readers in self.readers.items() if v.kind is Kind.OUTPUT}
         self.batch_dims = _batch_dims(plan)
