@@ -417,10 +417,10 @@ OPK_MATH_INLINE float opk_tanhf(float x)
 }
 
 /* 1 / (1 + E) for x >= 0 and E / (1 + E) = E - E q for x < 0, q = E / (1 + E), with
- * E = e^-|x| (opk_expf_fast_k, wide), so that the lower tail is exp-like (subnormal down to -103.97).
- * For x < 0 the last step is one FMA: the quotient's and the sum's roundings enter scaled by
- * q / (1 - q) < 1 (q < 1/2), and E's own error by 1 / (1 + E). No correction terms: within the
- * 2 ULP allowed, they would cost a third of the speed. */
+ * E = e^-|x| (opk_expf_fast_k, wide), so that the lower tail is exp-like (subnormal down to
+ * -103.97). For x < 0 the last step is one FMA: the quotient's and the sum's roundings enter
+ * scaled by q / (1 - q) < 1 (q < 1/2), and E's own error by 1 / (1 + E). No correction terms:
+ * within the 2 ULP allowed, they would cost a third of the speed. */
 OPK_MATH_INLINE float opk_sigmoidf(float x)
 {
     float a = opk_absf(x);
