@@ -372,11 +372,11 @@ def _show(op, build: bool) -> str:
 
 def _slices_lines(plan) -> list:
     """How a large call runs a plan with reductions: in slices, where (Executor._row_split)."""
-    from .runtime.execute import ROW_SLICE_BYTES, row_dims
+    from .runtime.execute import ROW_SLICE_BYTES, row_dims, row_split_bytes
     dims = row_dims(plan)
     if not dims:
         return []
-    return ["", f"{plan.kind} in slices: a call whose largest input has {4 * ROW_SLICE_BYTES >> 20} MiB "
+    return ["", f"{plan.kind} in slices: a call whose largest input has {row_split_bytes() >> 20} MiB "
             f"or more runs the steps above on slices of about {ROW_SLICE_BYTES >> 20} MiB of it along "
             f"one of {', '.join(dims)} (the dims every reduction keeps; the outermost in memory), one "
             "slice after another on every thread: each pass after the first reads what the one "

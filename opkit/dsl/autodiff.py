@@ -89,13 +89,12 @@ def _exp_for_expm1(roots: List[Node]) -> List[Node]:
     backward); where expm1(x) is read anyway (celu's min compares it), the sum reuses it."""
     order = topo_order(roots)
     uses: Dict[int, int] = {}
-    for n in order:
-        for a in n.args:
-            uses[id(a)] = uses.get(id(a), 0) + 1
+    for a in [a for n in order for a in n.args] + list(roots):  # a gradient itself is a use
+        uses[id(a)] = uses.get(id(a), 0) + 1
     new: Dict[int, Node] = {}
     for n in order:
         e = _expm1_plus_one(n)
-        if e is not None and uses[id(e)] == 1 and all(e is not r for r in roots):
+        if e is not None and uses[id(e)] == 1:
             new[id(n)] = apply("exp", new[id(e.args[0])])
             continue
         args = tuple(new[id(a)] for a in n.args)

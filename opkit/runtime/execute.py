@@ -206,6 +206,12 @@ def _batch_dims(plan: Plan) -> Tuple[str, ...]:
 ROW_SLICE_BYTES = 4 << 20
 
 
+def row_split_bytes() -> int:
+    """A plan with reductions runs in slices when its largest input has this much or more
+    (`opkit show` says so): four slices."""
+    return 4 * ROW_SLICE_BYTES
+
+
 def row_dims(plan: Plan) -> Tuple[str, ...]:
     """The dims a plan with reductions may run slice by slice along: those every reduction of
     the plan keeps, that no mean's gradient divides by (`share`), where the plan has nothing
@@ -335,7 +341,7 @@ class Executor:
             return None
         big, names = max(bound.values.values(), key=lambda v: v[0].nbytes,
                          default=(np.empty(0), ()))
-        if big.nbytes < 4 * ROW_SLICE_BYTES:
+        if big.nbytes < row_split_bytes():
             return None
         dims = sorted((d for d in self.row_dims if d in names and big.shape[names.index(d)] > 1),
                       key=lambda d: -abs(big.strides[names.index(d)]))
