@@ -93,6 +93,6 @@ def test_a_gradient_into_a_given_array_is_written_as_into_warm_memory(monkeypatc
     op.backward(x, x, layout="ND")  # (a layout named: the checked path, not the direct call)
     assert seen == [False]
     dx = np.empty_like(x)
-    op.backward(x, x, out=(dx,))
+    op.backward(x, x, out=(dx,), layout="ND")
     assert seen == [False, True]
     np.testing.assert_array_equal(dx, op.backward(x, x)[0])

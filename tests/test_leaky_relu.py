@@ -251,10 +251,11 @@ def test_plain_calls_take_the_direct_path(op, monkeypatch):
     assert op(x, 0.3, out=out) is out
     y = x.copy()
     assert op(y, alpha=0.3, out=y) is y          # in place, as schedule.inplace allows
+    named = op(x=x, alpha=0.3)                    # the input by keyword
     assert slow_calls == []
     slow = op(x.T.copy().T, alpha=0.3)            # Fortran order: the checked path
     wide = op(x, alpha=np.float32(0.3))           # a NumPy scalar attr: the checked path
     assert len(slow_calls) == 2
-    for other in (out, y, slow, wide):
+    for other in (out, y, named, slow, wide):
         assert other.tobytes() == fast.tobytes() or np.array_equal(other, fast)
     same(fast, expected_forward(x, 0.3))

@@ -323,8 +323,11 @@ def _same(a, b):
             and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
 
 
-def _check_agreement(op, arrays, kwargs, out_kind):
+def _check_agreement(op, arrays, kwargs, out_kind, positional=None):
+    """`positional`: how many inputs are passed by position (default all); the rest go by
+    keyword."""
     spec = op.spec
+    positional = len(arrays) if positional is None else positional
 
     def make_out(ins):
         x = ins[0]
@@ -346,8 +349,9 @@ def _check_agreement(op, arrays, kwargs, out_kind):
         ins = [a.copy() if a.flags.writeable else a for a in arrays]
         out = make_out(ins)
         extra = {"layout": spec.layouts[0]} if checked else {}
-        result = _outcome(lambda: op(*ins, out=out, **kwargs, **extra)
-                          if out is not None else op(*ins, **kwargs, **extra))
+        extra.update(zip(spec.input_names[positional:], ins[positional:]))
+        result = _outcome(lambda: op(*ins[:positional], out=out, **kwargs, **extra)
+                          if out is not None else op(*ins[:positional], **kwargs, **extra))
         return result, ins, out
 
     direct, ins_d, out_d = run(False)
@@ -397,7 +401,8 @@ def test_direct_and_checked_calls_agree_on_arrays(fuzz_ops, data):
     kwargs = {"bogus": 1.0} if data.draw(st.integers(0, 7)) == 0 else {}
     out_kind = data.draw(st.sampled_from(["none"] * 4 + ["fresh"] * 2 + [
         "inplace", "wrong_dtype", "wrong_shape", "readonly", "swapped", "overlap"]))
-    _check_agreement(op, arrays, kwargs, out_kind)
+    positional = data.draw(st.integers(0, len(arrays)))
+    _check_agreement(op, arrays, kwargs, out_kind, positional)
 
 
 def _same_grads(a, b):
@@ -430,8 +435,25 @@ def test_direct_and_checked_backward_calls_agree(fuzz_ops, data):
             kwargs[a.name] = value
     if data.draw(st.integers(0, 4)) == 0:
         kwargs["clip"] = data.draw(st.sampled_from([0.5, 2.0, np.inf]))
-    direct = _outcome(lambda: op.backward(dy, *arrays, **kwargs))
-    checked = _outcome(lambda: op.backward(dy, *arrays, layout=op.spec.layouts[0], **kwargs))
+    positional = data.draw(st.integers(0, len(arrays)))
+    out_kind = data.draw(st.sampled_from(["none"] * 3 + ["fresh", "every", "on_dy", "list"]))
+
+    def run(checked):
+        d, ins = dy.copy(), [a.copy() for a in arrays]
+        out = None
+        if out_kind != "none":  # every: an array for a gradient-less input too (an error)
+            out = [np.full(a.shape, 7, a.dtype) if i.differentiable or out_kind == "every" else None
+                   for i, a in zip(op.spec.inputs, ins)]
+            if out_kind == "on_dy" and out[0] is not None and out[0].shape == d.shape \
+                    and out[0].dtype == d.dtype:
+                out[0] = d  # the gradient overwrites dy
+            out = out if out_kind == "list" else tuple(out)
+        extra = dict(zip(op.spec.input_names[positional:], ins[positional:]))
+        if checked:
+            extra["layout"] = op.spec.layouts[0]
+        return _outcome(lambda: op.backward(d, *ins[:positional], out=out, **kwargs, **extra))
+
+    direct, checked = run(False), run(True)
     assert _same_grads(direct, checked), (direct, checked)
 
 
@@ -451,11 +473,17 @@ def test_direct_backward_call_takes_plain_calls_only(lr, monkeypatch):
 
     monkeypatch.setattr(type(lr), "_prepare", spy)
     (dx,) = lr.backward(dy, x, alpha=0.3)
+    given = np.full_like(x, 7)
+    assert lr.backward(dy, x=x, alpha=0.3, out=(given,))[0] is given  # by keyword, into out=
     assert slow_calls == []
     want = np.where(x > 0, dy, np.float32(0.3) * dy)
     np.testing.assert_array_equal(dx, want)
+    np.testing.assert_array_equal(given, want)
+    on_dy = dy.copy()
+    assert lr.backward(on_dy, x, alpha=0.3, out=(on_dy,))[0] is on_dy  # overlaps dy: checked
+    np.testing.assert_array_equal(on_dy, want)
     (clipped,) = lr.backward(dy, x, alpha=0.3, clip=2.0)
-    assert len(slow_calls) == 1
+    assert len(slow_calls) == 2
     np.testing.assert_array_equal(clipped, np.clip(want, -2.0, 2.0))  # NaN stays NaN
 
 

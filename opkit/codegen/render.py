@@ -494,6 +494,7 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Li
         directs.append(dict(
             common, fn="fast_forward", kernel=next(c for c in kernels if c["name"] == k.name),
             n_inputs=len(ins), n_outputs=len(outs), takes_out=True, inplace=repr(inplace),
+            grad_out=None,
             kernel_inputs=[ins.index(v.name) for v in k.inputs],
             kernel_outputs=[outs.index(v) for v in written], kernel_attrs=list(k.attrs),
             returns="outputs[0]" if len(outs) == 1 else "outputs"))
@@ -507,6 +508,8 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Li
         directs.append(dict(
             common, fn="fast_backward", kernel=next(c for c in kernels if c["name"] == k.name),
             n_inputs=len(args), n_outputs=len(grads), takes_out=False, inplace="()",
+            # out=: per input, the gradient its entry receives (None: it must be None)
+            grad_out=[grads.index("d" + i) if "d" + i in grads else None for i in ins],
             kernel_inputs=[args.index(v.name) for v in k.inputs],
             kernel_outputs=[grads.index(v) for v in written], kernel_attrs=list(k.attrs),
             returns="(" + ", ".join(per_input) + ",)"))

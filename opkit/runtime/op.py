@@ -276,10 +276,23 @@ class Op:
             isa, nthreads, plain = call_state()
             fast = self._fast.get(isa) if plain else None
             if fast is not None:
-                result = fast(args, kwargs, out, nthreads)
+                result = fast(*self._inputs_in_place(args, kwargs), out, nthreads)
                 if result is not NotImplemented:
                     return result
         return self._call(args, kwargs, out, layout, precision_mode)
+
+    def _inputs_in_place(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        """(args, kwargs) with the inputs given by keyword moved into their positions: the
+        direct calls take inputs positionally. The checked path gets the call as written."""
+        names = self.spec.input_names
+        if not kwargs or len(args) >= len(names) or names[len(args)] not in kwargs:
+            return args, kwargs
+        kwargs = dict(kwargs)
+        for name in names[len(args):]:
+            if name not in kwargs:
+                break
+            args += (kwargs.pop(name),)
+        return args, kwargs
 
     def _variant(self, bound: Bound) -> Variant:
         """The variant a checked call runs: its str attrs' values, the optional inputs given."""
@@ -328,12 +341,12 @@ class Op:
         `out`: a tuple with one entry per input, an array to write that input's gradient into
         (its shape and dtype) or None to have it allocated.
         `clip`: every gradient is clamped to [-clip, clip] in the same pass that computes it."""
-        if layout is None and precision_mode is None and clip is None and out is None \
-                and type(dy) is np.ndarray:
+        if layout is None and precision_mode is None and clip is None and type(dy) is np.ndarray:
             isa, nthreads, plain = call_state()
             fast = self._fast_bwd.get(isa) if plain else None
             if fast is not None:
-                result = fast((dy,) + args, kwargs, None, nthreads)
+                inputs, named = self._inputs_in_place(args, kwargs)
+                result = fast((dy,) + inputs, named, out, nthreads)
                 if result is not NotImplemented:
                     return result
         where = f"{self.name}.backward()"
