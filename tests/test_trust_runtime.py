@@ -245,12 +245,29 @@ schedule:
 """
 
 
+# a str attr: a direct call per variant, picked by the call's value
+STR_ATTR = """name: str_attr_t
+inputs:
+  x: {dtypes: [float16, float32, float64]}
+attrs:
+  mode: {type: str, choices: [lin, sq], default: lin}
+  k: {type: float, default: 2.0, range: [-4, 4]}
+outputs:
+  y: {like: x}
+forward:
+  lin: x * k
+  sq: x * x * k
+  y: sq if mode == "sq" else lin
+"""
+
+
 @pytest.fixture(scope="module")
 def fuzz_ops(tmp_path_factory, attr_ops):
     folder = tmp_path_factory.mktemp("fuzz_ops")
     write_op(folder, TWO_INPUTS, "two_inputs_t.yaml")
+    write_op(folder, STR_ATTR, "str_attr_t.yaml")
     opkit.load(folder)
-    ops = [opkit.get("leaky_relu"), opkit.get("two_inputs_t"), *attr_ops]
+    ops = [opkit.get("leaky_relu"), opkit.get("two_inputs_t"), opkit.get("str_attr_t"), *attr_ops]
     for op in ops:
         op.module()  # built once, before hypothesis times anything
     return ops
@@ -286,6 +303,8 @@ def _array(data, shape, dtype, layout):
 
 
 def _attr_value(data, attr):
+    if attr.type == "str" and data.draw(st.booleans()):
+        return data.draw(st.sampled_from([*attr.choices, "bogus", 3, None])), True
     kind = data.draw(st.sampled_from(["default"] * 4 + ["special"] * 4 + ["int", "bool", "str",
                                                                           "np32", "none"]))
     if kind == "default":
@@ -455,6 +474,32 @@ def test_direct_and_checked_backward_calls_agree(fuzz_ops, data):
 
     direct, checked = run(False), run(True)
     assert _same_grads(direct, checked), (direct, checked)
+
+
+def test_each_choice_of_a_str_attr_has_its_direct_call(fuzz_ops, monkeypatch):
+    """A str attr picks the variant and its direct call, forward and backward; given by
+    position it takes the checked path; both give the same bits."""
+    op = next(o for o in fuzz_ops if o.name == "str_attr_t")
+    x = np.linspace(-3, 3, 101).astype(np.float32)
+    dy = np.ones_like(x)
+    slow = []
+    original = type(op)._prepare
+
+    def spy(self, *a, **k):
+        slow.append(a)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(type(op), "_prepare", spy)
+    lin, sq = op(x, k=0.5), op(x, mode="sq", k=0.5)
+    (dlin,), (dsq,) = op.backward(dy, x, k=0.5), op.backward(dy, x=x, mode="sq", k=0.5)
+    assert slow == []
+    np.testing.assert_array_equal(lin, x * np.float32(0.5))
+    np.testing.assert_array_equal(sq, x * x * np.float32(0.5))
+    np.testing.assert_array_equal(dlin, np.full_like(x, 0.5))
+    np.testing.assert_allclose(dsq, x, rtol=1e-6)
+    assert np.array_equal(op(x, "sq", 0.5), sq) and len(slow) == 1  # by position: checked
+    with pytest.raises(ValueError, match="mode must be one of 'lin', 'sq', got 'cube'"):
+        op(x, mode="cube")
 
 
 def test_direct_backward_call_takes_plain_calls_only(lr, monkeypatch):

@@ -456,6 +456,8 @@ def _direct_kernel(plan) -> Optional[Tuple[Kernel, List[str]]]:
 def _direct_attrs(spec: OpSpec) -> List[Dict]:
     attrs = []
     for a in spec.attrs:
+        if a.type == "str":
+            continue  # a str attr picks the variant, and so the direct call (runtime/op.py)
         # a `finfo.max` default follows the call's dtype: the checked path resolves it
         by_dtype = isinstance(a.default, DtypeLimit)
         default = None if a.required or by_dtype else (
@@ -469,11 +471,13 @@ def _direct_attrs(spec: OpSpec) -> List[Dict]:
     return attrs
 
 
-def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> List[Dict]:
+def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
+                  suffix: str = "") -> List[Dict]:
     """What the direct calls need: `fast_forward` when the forward pass is one plain kernel over
     layout-agnostic inputs, `fast_backward` when the backward pass is too (and gives every
-    differentiable input its gradient). Other calls always take the checked path."""
-    if any(i.optional for i in spec.inputs) or any(a.type == "str" for a in spec.attrs):
+    differentiable input its gradient). Other calls always take the checked path. `suffix`
+    names a variant's calls (an operator with str attrs has a pair per variant)."""
+    if any(i.optional for i in spec.inputs):
         return []
     if spec.layouts[0] != "ND" or any(i.shape or (i.layouts_declared and "ND" not in i.layouts)
                                        for i in spec.inputs):
@@ -492,7 +496,7 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Li
         k, written = found
         inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
         directs.append(dict(
-            common, fn="fast_forward", kernel=next(c for c in kernels if c["name"] == k.name),
+            common, fn="fast_forward" + suffix, kernel=next(c for c in kernels if c["name"] == k.name),
             n_inputs=len(ins), n_outputs=len(outs), takes_out=True, inplace=repr(inplace),
             grad_out=None,
             kernel_inputs=[ins.index(v.name) for v in k.inputs],
@@ -506,7 +510,7 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict]) -> Li
         args = [f"d{outs[0]}"] + ins
         per_input = [f"outputs[{grads.index('d' + i)}]" if "d" + i in grads else "None" for i in ins]
         directs.append(dict(
-            common, fn="fast_backward", kernel=next(c for c in kernels if c["name"] == k.name),
+            common, fn="fast_backward" + suffix, kernel=next(c for c in kernels if c["name"] == k.name),
             n_inputs=len(args), n_outputs=len(grads), takes_out=False, inplace="()",
             # out=: per input, the gradient its entry receives (None: it must be None)
             grad_out=[grads.index("d" + i) if "d" + i in grads else None for i in ins],
@@ -556,7 +560,9 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
                 kernels.append(kernel_context(k, role, spec, low.schedule, file_name, target,
                                               clip=plan.kind == "backward"))
     op = {"name": spec.name, "file_name": file_name, "dtypes": spec.dtypes, "passes": passes}
-    directs = fast_contexts(spec, lowered, kernels) if not others else []
+    directs = fast_contexts(spec, lowered, kernels) if not others else [
+        d for variant, _, low in [(graphs.variant, graphs, lowered), *others]
+        for d in fast_contexts(spec, low, kernels, f"_v{variant.index}")]
     lib = blas()
     fused = [f for low in [lowered, *(o[2] for o in others)]
              for f in fused_contexts(low, kernels)] if lib is not None else []

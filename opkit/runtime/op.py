@@ -191,9 +191,32 @@ class Op:
                 if mod is None:
                     mod = self.build(isa=key).load()
                     self._modules[key] = mod
-                    self._fast[key] = getattr(mod, "fast_forward", None)
-                    self._fast_bwd[key] = getattr(mod, "fast_backward", None)
+                    self._fast[key] = self._direct(mod, "fast_forward", 0)
+                    self._fast_bwd[key] = self._direct(mod, "fast_backward", 1)
         return mod
+
+    def _direct(self, mod, fn: str, leading: int):
+        """The module's direct call `fn`, or None. An operator with str attrs has one per
+        variant (`fn_v<index>`): the call's values pick it, and leave its keywords (the direct
+        call parses the other attrs). `leading`: the arguments before the inputs (backward's dy)."""
+        names = tuple(a.name for a in self.spec.attrs if a.type == "str")
+        if not names:
+            return getattr(mod, fn, None)
+        table = {tuple(value for _, value in v.choices): getattr(mod, f"{fn}_v{v.index}", None)
+                 for v in self.variants}
+        if any(f is None for f in table.values()):
+            return None
+        defaults = tuple(a.default for a in self.spec.attrs if a.type == "str")
+        most = leading + len(self.spec.inputs)  # (a str attr given by position: checked path)
+
+        def direct(args, kwargs, out, nthreads):
+            choice = tuple(kwargs.get(n, d) for n, d in zip(names, defaults))
+            f = table.get(choice) if len(args) <= most and \
+                all(type(c) is str for c in choice) else None
+            if f is None:
+                return NotImplemented
+            return f(args, {k: v for k, v in kwargs.items() if k not in names}, out, nthreads)
+        return direct
 
     # ------------------------------------------------------------------ calls
 
