@@ -10,6 +10,7 @@ import pytest
 
 import opkit.builder.cache as cache
 import opkit.builder.compile as compile_mod
+from opkit.errors import BuildError
 from opkit.registry import make_op
 
 from conftest import write_op
@@ -100,6 +101,27 @@ def test_a_damaged_shipped_module_is_not_loaded(shipped):
         fh.write(b"\0" * 16)
     with pytest.raises(AssertionError, match="compiled instead"):
         make_op(op_file).build()
+
+
+def test_without_a_compiler_a_damaged_shipped_module_is_named(shipped, monkeypatch, tmp_path):
+    """No compiler and the one shipped module for this content damaged: the error says which
+    module and what is wrong with it, not only that there is no compiler."""
+    op_file, entry = shipped
+    so = next(p for p in entry.iterdir() if p.name.endswith((".so", ".pyd")))
+    os.chmod(so, 0o644)
+    os.truncate(so, 1000)
+    empty = tmp_path / "bin-without-cc"
+    empty.mkdir()
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(empty))
+    from opkit.builder import toolchain
+    if toolchain().available:
+        pytest.skip("a C compiler is found without PATH")
+    with pytest.raises(BuildError) as info:
+        make_op(op_file).build()
+    msg = str(info.value)
+    assert f"the shipped module {entry} is not used: {so.name} has 1000 bytes" in msg, msg
+    assert "C compiler" in msg, msg
 
 
 def test_opkit_prebuilt_0_ignores_the_shipped_modules(shipped, monkeypatch):

@@ -127,20 +127,27 @@ def build(name: str, source: str, spec_canonical: dict, tc: Toolchain, force: bo
         raise cache.unwritable(exc) from None
 
 
-def _shipped(name: str, skey: str, tc: Toolchain) -> Optional[BuildResult]:
+def _shipped(name: str, skey: str, tc: Toolchain,
+             refused: Optional[List[str]] = None) -> Optional[BuildResult]:
     """A sound module built ahead of time for this content that this process can load: the
     same ship key, NumPy compatible, and a native module only on a CPU with every flag of the
-    CPU it was built on."""
+    CPU it was built on. `refused` collects why each one built for this content is not used."""
     from ..target import runs_here
     for entry, meta in cache.shipped_entries(name):
         content = meta.get("content") or {}
-        built = content.get("toolchain") or {}
-        if content.get("ship") != skey or \
-                not cache.numpy_compatible(built.get("numpy", ""), tc.numpy_version) or \
-                not runs_here(tc.target.isa, tuple(meta.get("cpu_flags", ("?",)))):
-            continue
-        if not cache.verify(entry, meta):
-            return _result(name, entry, meta)
+        if content.get("ship") != skey:
+            continue  # another operator's content, version or ISA
+        numpy = (content.get("toolchain") or {}).get("numpy", "")
+        if not cache.numpy_compatible(numpy, tc.numpy_version):
+            problem = f"built against NumPy {numpy or '(unknown)'}, this process runs {tc.numpy_version}"
+        elif not runs_here(tc.target.isa, tuple(meta.get("cpu_flags", ("?",)))):
+            problem = "built for a CPU with instructions this one lacks"
+        else:
+            problem = cache.verify(entry, meta)
+            if not problem:
+                return _result(name, entry, meta)
+        if refused is not None:
+            refused.append(f"the shipped module {entry} is not used: {problem}")
     return None
 
 
@@ -155,12 +162,16 @@ def _without_compiler(name: str, ckey: str, skey: str, tc: Toolchain, force: boo
         if not problem:
             return _result(name, entry, meta)
         damaged = damaged or f"the cached module {entry / str(meta.get('so'))} is damaged ({problem}); "
-    shipped = None if force else _shipped(name, skey, tc)
+    refused: List[str] = []
+    shipped = None if force else _shipped(name, skey, tc, refused)
     if shipped is not None:
         return shipped
     # the reason alone (no operator name): `opkit build` then reports many operators in one line
-    raise BuildError(damaged + tc.missing + ("; then run `opkit build` (or call the operator "
-                                             "again) to rebuild it" if damaged else ""))
+    error = BuildError(damaged + tc.missing + ("; then run `opkit build` (or call the operator "
+                                               "again) to rebuild it" if damaged else "")
+                       + "".join("; " + r for r in refused))
+    error.refused = refused  # (the fallback to another ISA's shipped module reports these)
+    raise error
 
 
 def _run(cmd: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:

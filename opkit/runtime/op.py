@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -159,10 +159,13 @@ class Op:
             try:
                 result = build(self.name, self.source(tc.target.isa), self.spec.canonical(), tc,
                                force=force)
-            except BuildError:
+            except BuildError as exc:
                 # no compiler and no module for this CPU's features: the best shipped one it runs
-                result = None if force or tc.available else self._shipped_fallback(tc)
+                refused: List[str] = []
+                result = None if force or tc.available else self._shipped_fallback(tc, refused)
                 if result is None:
+                    if refused:  # shipped modules of another ISA exist but do not serve: why
+                        raise BuildError("; ".join([str(exc), *refused])) from None
                     raise
             self._builds[tc.target.isa] = result
             if force:
@@ -171,14 +174,15 @@ class Op:
                 self._fast_bwd.pop(tc.target.isa, None)
             return result
 
-    def _shipped_fallback(self, tc) -> Optional[BuildResult]:
+    def _shipped_fallback(self, tc, refused: List[str]) -> Optional[BuildResult]:
         """For the native ISA without a compiler: a shipped module of the best ISA level this
-        CPU runs (x86-64-v3, then portable), if a wheel carries one."""
+        CPU runs (x86-64-v3, then portable), if a wheel carries one; `refused` collects why
+        those built for this operator's content are not used."""
         for isa in fallback_isas(tc.target.isa):
             try:
                 return build(self.name, self.source(isa), self.spec.canonical(), toolchain(isa))
-            except BuildError:
-                continue
+            except BuildError as exc:
+                refused += getattr(exc, "refused", [])
         return None
 
     def module(self, isa: str = ""):
