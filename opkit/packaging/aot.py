@@ -22,7 +22,7 @@ from typing import Iterable, List, Sequence, Tuple
 
 from ..backend import blas
 from ..builder import cache
-from ..errors import FusionWarning
+from ..errors import BuildError, FusionWarning
 
 # what an entry folder of a wheel keeps: the module, its source and its record
 _KEEP = ("meta.json",)
@@ -133,14 +133,25 @@ def _build_into(out: Path, work, jobs: int, report, label: str = "") -> List[str
     names = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         for result in pool.map(one, work):
-            target = out / result.entry.name
-            if target.exists():
-                shutil.rmtree(target)
-            target.mkdir()
-            for fname in list(result.meta["files"]) + list(_KEEP):
-                shutil.copy2(result.entry / fname, target / fname)
-            names.append(target.name)
+            names.append(_ship(result, out / result.entry.name))
     return names
+
+
+def _ship(result, target: Path) -> str:
+    """Copy a built entry into `target`, under its build lock (another process may be
+    rebuilding it in the shared cache), and check the copy against its record."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir()
+    with cache.file_lock(cache.lock_path(result.entry.name)):
+        meta = cache.read_meta(result.entry) or result.meta
+        for fname in list(meta["files"]) + list(_KEEP):
+            shutil.copy2(result.entry / fname, target / fname)
+    problem = cache.verify(target, cache.read_meta(target) or {})
+    if problem:
+        raise BuildError(f"the module copied from {result.entry} to {target} does not match its "
+                         f"record ({problem}); run the build again")
+    return target.name
 
 
 def select(ops: Sequence, only: str) -> List:
@@ -160,7 +171,6 @@ def main(argv=None) -> int:
     """`python -m opkit.packaging.aot --out DIR [--isa ISAS]`: the bundled operators' modules,
     built ahead of time (setup.py's build step runs this on the freshly built package)."""
     import argparse
-    import sys
     import time
     parser = argparse.ArgumentParser(prog="python -m opkit.packaging.aot")
     parser.add_argument("--out", required=True, help="the folder to copy the entries into")
