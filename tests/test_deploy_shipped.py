@@ -59,8 +59,8 @@ def test_a_shipped_module_is_used_instead_of_compiling(shipped):
     assert not (entry.parent.parent / "empty-cache").exists()  # nothing was written
 
 
-def test_a_shipped_module_is_used_without_a_compiler(shipped, monkeypatch, tmp_path):
-    op_file, entry = shipped
+def _without_a_compiler(monkeypatch, tmp_path):
+    """PATH and CC leave this process no C compiler (skips where one is found anyway)."""
     empty = tmp_path / "bin-without-cc"
     empty.mkdir()
     monkeypatch.delenv("CC", raising=False)
@@ -68,6 +68,11 @@ def test_a_shipped_module_is_used_without_a_compiler(shipped, monkeypatch, tmp_p
     from opkit.builder import toolchain
     if toolchain().available:
         pytest.skip("a C compiler is found without PATH")
+
+
+def test_a_shipped_module_is_used_without_a_compiler(shipped, monkeypatch, tmp_path):
+    op_file, entry = shipped
+    _without_a_compiler(monkeypatch, tmp_path)
     assert make_op(op_file).build().entry == entry
 
 
@@ -110,13 +115,7 @@ def test_without_a_compiler_a_damaged_shipped_module_is_named(shipped, monkeypat
     so = next(p for p in entry.iterdir() if p.name.endswith((".so", ".pyd")))
     os.chmod(so, 0o644)
     os.truncate(so, 1000)
-    empty = tmp_path / "bin-without-cc"
-    empty.mkdir()
-    monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setenv("PATH", str(empty))
-    from opkit.builder import toolchain
-    if toolchain().available:
-        pytest.skip("a C compiler is found without PATH")
+    _without_a_compiler(monkeypatch, tmp_path)
     with pytest.raises(BuildError) as info:
         make_op(op_file).build()
     msg = str(info.value)
