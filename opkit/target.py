@@ -67,11 +67,17 @@ def cpu_features() -> Tuple[str, ...]:
 
 def runs_here(isa: str, flags: Tuple[str, ...] = ()) -> bool:
     """Whether this CPU runs a module built for `isa` (for native: on a CPU with `flags`)."""
+    return not missing_flags(isa, flags)
+
+
+def missing_flags(isa: str, flags: Tuple[str, ...] = ()) -> Tuple[str, ...]:
+    """What a module built for `isa` (for native: on a CPU with `flags`) needs that this CPU
+    lacks: its CPU flags, or the x86-64 architecture itself."""
     if platform.machine().lower() not in ("x86_64", "amd64") and isa in LEVELS:
-        return False
+        return ("x86_64",)
     have = set(cpu_flags())
     need = LEVELS[isa]["flags"] if isa in LEVELS else flags if isa == "native" else ()
-    return set(need) <= have
+    return tuple(f for f in need if f not in have)
 
 
 def current(isa: str = "") -> Target:

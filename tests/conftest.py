@@ -204,6 +204,20 @@ def write_op(folder: Path, text: str, name: str = "op.yaml") -> Path:
 FLOATS = "{dtypes: [float32, float64]}"
 
 
+def checked_calls(op, monkeypatch) -> list:
+    """A list that records each call of `op`'s class that takes the checked path (its direct
+    call declined or absent)."""
+    calls = []
+    original = type(op)._prepare
+
+    def spy(self, *a, **k):
+        calls.append(a)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(type(op), "_prepare", spy)
+    return calls
+
+
 def declaration(forward, inputs=("x",), attrs=None, outputs=None, name="t"):
     """YAML text of an operator.
 

@@ -108,18 +108,31 @@ def test_a_damaged_shipped_module_is_not_loaded(shipped):
         make_op(op_file).build()
 
 
-def test_without_a_compiler_a_damaged_shipped_module_is_named(shipped, monkeypatch, tmp_path):
-    """No compiler and the one shipped module for this content damaged: the error says which
-    module and what is wrong with it, not only that there is no compiler."""
+@pytest.mark.parametrize("wrong", ["damaged", "cpu", "numpy"])
+def test_without_a_compiler_a_refused_shipped_module_is_named(shipped, monkeypatch, tmp_path,
+                                                             wrong):
+    """No compiler, and the one shipped module for this content cannot serve: the error says
+    which module, what it needs and what this process has, not only that there is no compiler."""
     op_file, entry = shipped
     so = next(p for p in entry.iterdir() if p.name.endswith((".so", ".pyd")))
-    os.chmod(so, 0o644)
-    os.truncate(so, 1000)
+    meta = json.loads((entry / "meta.json").read_text())
+    if wrong == "damaged":
+        os.chmod(so, 0o644)
+        os.truncate(so, 1000)
+        want = f"{so.name} has 1000 bytes"
+    elif wrong == "cpu":
+        meta["cpu_flags"].append("a_flag_no_cpu_has")
+        want = "it needs CPU features this CPU lacks: a_flag_no_cpu_has"
+    else:
+        meta["content"]["toolchain"]["numpy"] = "99.0.0"
+        want = f"built against NumPy 99.0.0 and runs on that or a newer NumPy of the same " \
+               f"major version; this process has {np.__version__}"
+    (entry / "meta.json").write_text(json.dumps(meta))
     _without_a_compiler(monkeypatch, tmp_path)
     with pytest.raises(BuildError) as info:
         make_op(op_file).build()
     msg = str(info.value)
-    assert f"the shipped module {entry} is not used: {so.name} has 1000 bytes" in msg, msg
+    assert f"the shipped module {entry} is not used: " in msg and want in msg, msg
     assert "C compiler" in msg, msg
 
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import opkit
+from conftest import checked_calls
 
 DTYPES = [np.float16, np.float32, np.float64]
 ND_SHAPES = [(), (0,), (1,), (37,), (1023,), (1024,), (1025,), (32767,), (32768,), (32769,),
@@ -238,14 +239,7 @@ def test_plain_calls_take_the_direct_path(op, monkeypatch):
     give the same bits."""
     x = np.random.default_rng(4).standard_normal((33, 65)).astype(np.float32)
     op(x)  # the first call of a process loads (or builds) the module
-    slow_calls = []
-    original = type(op)._call
-
-    def spy(self, *a):
-        slow_calls.append(a)
-        return original(self, *a)
-
-    monkeypatch.setattr(type(op), "_call", spy)
+    slow_calls = checked_calls(op, monkeypatch)
     fast = op(x, alpha=0.3)
     out = np.empty_like(x)
     assert op(x, 0.3, out=out) is out

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import opkit
-from conftest import examples, write_op
+from conftest import checked_calls, examples, write_op
 
 
 def leaky(x, alpha=0.2):
@@ -476,26 +476,13 @@ def test_direct_and_checked_backward_calls_agree(fuzz_ops, data):
     assert _same_grads(direct, checked), (direct, checked)
 
 
-def _checked_calls(op, monkeypatch) -> list:
-    """A list that records each call of `op`'s class that takes the checked path."""
-    calls = []
-    original = type(op)._prepare
-
-    def spy(self, *a, **k):
-        calls.append(a)
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(type(op), "_prepare", spy)
-    return calls
-
-
 def test_each_choice_of_a_str_attr_has_its_direct_call(fuzz_ops, monkeypatch):
     """A str attr picks the variant and its direct call, forward and backward; given by
     position it takes the checked path; both give the same bits."""
     op = next(o for o in fuzz_ops if o.name == "str_attr_t")
     x = np.linspace(-3, 3, 101).astype(np.float32)
     dy = np.ones_like(x)
-    slow = _checked_calls(op, monkeypatch)
+    slow = checked_calls(op, monkeypatch)
     lin, sq = op(x, k=0.5), op(x, mode="sq", k=0.5)
     (dlin,), (dsq,) = op.backward(dy, x, k=0.5), op.backward(dy, x=x, mode="sq", k=0.5)
     assert slow == []
@@ -515,7 +502,7 @@ def test_direct_backward_call_takes_plain_calls_only(lr, monkeypatch):
     x = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 1.0, -1.0, 5.0, -5.0], np.float32)
     dy = np.array([1.0, -np.inf, np.inf, 2.0, -3.0, np.nan, 4.0, -6.0, 7.0], np.float32)
     lr.backward(dy, x)  # built and loaded first
-    slow_calls = _checked_calls(lr, monkeypatch)
+    slow_calls = checked_calls(lr, monkeypatch)
     (dx,) = lr.backward(dy, x, alpha=0.3)
     given = np.full_like(x, 7)
     assert lr.backward(dy, x=x, alpha=0.3, out=(given,))[0] is given  # by keyword, into out=

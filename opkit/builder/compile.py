@@ -132,16 +132,18 @@ def _shipped(name: str, skey: str, tc: Toolchain,
     """A sound module built ahead of time for this content that this process can load: the
     same ship key, NumPy compatible, and a native module only on a CPU with every flag of the
     CPU it was built on. `refused` collects why each one built for this content is not used."""
-    from ..target import runs_here
+    from ..target import missing_flags
     for entry, meta in cache.shipped_entries(name):
         content = meta.get("content") or {}
         if content.get("ship") != skey:
             continue  # another operator's content, version or ISA
         numpy = (content.get("toolchain") or {}).get("numpy", "")
+        lacking = missing_flags(tc.target.isa, tuple(meta.get("cpu_flags", ("?",))))
         if not cache.numpy_compatible(numpy, tc.numpy_version):
-            problem = f"built against NumPy {numpy or '(unknown)'}, this process runs {tc.numpy_version}"
-        elif not runs_here(tc.target.isa, tuple(meta.get("cpu_flags", ("?",)))):
-            problem = "built for a CPU with instructions this one lacks"
+            problem = (f"it was built against NumPy {numpy or '(unknown)'} and runs on that or a "
+                       f"newer NumPy of the same major version; this process has {tc.numpy_version}")
+        elif lacking:
+            problem = f"it needs CPU features this CPU lacks: {', '.join(lacking)}"
         else:
             problem = cache.verify(entry, meta)
             if not problem:

@@ -19,6 +19,7 @@ import numpy as np
 from .._paths import templates_dir
 from .._version import __version__
 from ..dsl.graph import OpGraphs
+from ..dsl.variants import Variant
 from .c_ops import C as C_OPS, MATH_FUNCTIONS, declaration, form as c_form, scalar_calls
 from ..backend import blas
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, LibCall, Lowered, Reg,
@@ -472,11 +473,14 @@ def _direct_attrs(spec: OpSpec) -> List[Dict]:
 
 
 def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
-                  suffix: str = "") -> List[Dict]:
+                  variant: Optional[Variant] = None) -> List[Dict]:
     """What the direct calls need: `fast_forward` when the forward pass is one plain kernel over
     layout-agnostic inputs, `fast_backward` when the backward pass is too (and gives every
-    differentiable input its gradient). Other calls always take the checked path. `suffix`
-    names a variant's calls (an operator with str attrs has a pair per variant)."""
+    differentiable input its gradient). Other calls always take the checked path. `variant`:
+    the one these are for, in a module of several (an operator with str attrs has a pair per
+    variant, named by `Variant.direct`)."""
+    def named(fn: str) -> str:
+        return variant.direct(fn) if variant is not None else fn
     if any(i.optional for i in spec.inputs):
         return []
     if spec.layouts[0] != "ND" or any(i.shape or (i.layouts_declared and "ND" not in i.layouts)
@@ -496,7 +500,7 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
         k, written = found
         inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
         directs.append(dict(
-            common, fn="fast_forward" + suffix, kernel=next(c for c in kernels if c["name"] == k.name),
+            common, fn=named("fast_forward"), kernel=next(c for c in kernels if c["name"] == k.name),
             n_inputs=len(ins), n_outputs=len(outs), takes_out=True, inplace=repr(inplace),
             grad_out=None,
             kernel_inputs=[ins.index(v.name) for v in k.inputs],
@@ -510,7 +514,7 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
         args = [f"d{outs[0]}"] + ins
         per_input = [f"outputs[{grads.index('d' + i)}]" if "d" + i in grads else "None" for i in ins]
         directs.append(dict(
-            common, fn="fast_backward" + suffix, kernel=next(c for c in kernels if c["name"] == k.name),
+            common, fn=named("fast_backward"), kernel=next(c for c in kernels if c["name"] == k.name),
             n_inputs=len(args), n_outputs=len(grads), takes_out=False, inplace="()",
             # out=: per input, the gradient its entry receives (None: it must be None)
             grad_out=[grads.index("d" + i) if "d" + i in grads else None for i in ins],
@@ -562,7 +566,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     op = {"name": spec.name, "file_name": file_name, "dtypes": spec.dtypes, "passes": passes}
     directs = fast_contexts(spec, lowered, kernels) if not others else [
         d for variant, _, low in [(graphs.variant, graphs, lowered), *others]
-        for d in fast_contexts(spec, low, kernels, f"_v{variant.index}")]
+        for d in fast_contexts(spec, low, kernels, variant)]
     lib = blas()
     fused = [f for low in [lowered, *(o[2] for o in others)]
              for f in fused_contexts(low, kernels)] if lib is not None else []

@@ -32,6 +32,11 @@ class Variant:
         parts += [f"{n} {'given' if n in self.given else 'not given'}" for n in self.optional]
         return ", ".join(parts)
 
+    def direct(self, fn: str) -> str:
+        """The name of this variant's direct call `fn` in a module of several variants
+        (`fast_forward_v1`): the template defines it, the runtime looks it up."""
+        return f"{fn}_v{self.index}"
+
     @property
     def prefix(self) -> str:
         """What kernel names of this variant start with (nothing for the first)."""

@@ -201,12 +201,12 @@ class Op:
 
     def _direct(self, mod, fn: str, leading: int):
         """The module's direct call `fn`, or None. An operator with str attrs has one per
-        variant (`fn_v<index>`): the call's values pick it, and leave its keywords (the direct
+        variant (`Variant.direct`): the call's values pick it, and leave its keywords (the direct
         call parses the other attrs). `leading`: the arguments before the inputs (backward's dy)."""
         names = tuple(a.name for a in self.spec.attrs if a.type == "str")
         if not names:
             return getattr(mod, fn, None)
-        table = {tuple(value for _, value in v.choices): getattr(mod, f"{fn}_v{v.index}", None)
+        table = {tuple(value for _, value in v.choices): getattr(mod, v.direct(fn), None)
                  for v in self.variants}
         if any(f is None for f in table.values()):
             return None
