@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
+from ..kinds import Op
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def scalar_calls(ops: Iterable[str], double: bool, features: Iterable[str]) -> T
 def accuracy(prim: str) -> str:
     """The function table's accuracy column: `0.77 / 0.6 ULP` (float32 / float64)."""
     f32, f64 = C[prim].ulp
-    if prim == "sqrt":
+    if prim == Op.SQRT:
         return "correctly rounded (IEEE)"
     if prim in DOUBLE:
         f64_text = "libm"

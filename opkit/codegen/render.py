@@ -30,6 +30,7 @@ from ..lower.integer import fixed_point_factor
 from ..quantize import M_LIMIT
 from ..spec.model import DtypeLimit, OpSpec
 from ..target import Target
+from ..kinds import Layout, Op, Pass, ValueKind
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def _never_nan(arg, made: Dict) -> bool:
     if isinstance(arg, Attr):
         return True
     ins = made.get(arg)
-    return ins is not None and ins.op in ("neg", "abs") and _never_nan(ins.args[0], made)
+    return ins is not None and ins.op in (Op.NEG, Op.ABS) and _never_nan(ins.args[0], made)
 
 
 def _statements(ins: Instr, args: Sequence[str], ct: ComputeType, dst: str,
@@ -163,12 +164,12 @@ def _select(cond, x: str, y: str, made: Dict, ct: ComputeType, depth: int = 8) -
     nested selects: GCC vectorizes those, while a select on a value such as `a & b` of two
     comparisons can keep a whole loop scalar."""
     ins = made.get(cond)
-    if depth and ins is not None and ins.op in ("and", "or", "not"):
+    if depth and ins is not None and ins.op in (Op.AND, Op.OR, Op.NOT):
         a = ins.args[0]
-        if ins.op == "not":
+        if ins.op == Op.NOT:
             return _select(a, y, x, made, ct, depth - 1)
         b = ins.args[1]
-        if ins.op == "and":
+        if ins.op == Op.AND:
             return _select(a, _select(b, x, y, made, ct, depth - 1), y, made, ct, depth - 1)
         return _select(a, x, _select(b, x, y, made, ct, depth - 1), made, ct, depth - 1)
     return f"({x} if {_operand(cond, ct)} else {y})"
@@ -198,9 +199,9 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
         if k is not None:  # x * (m / 2**bits): integer multiply, round, arithmetic shift
             bits = quant[ins.args[1 - k].name]
             lines.append(f"{ins.dst} = opk_qmul_{ct.tag}({args[k]}, {args[1 - k]}, {bits}){where}")
-        elif ct.integer and ins.op == "abs":
+        elif ct.integer and ins.op == Op.ABS:
             lines.append(f"{ins.dst} = ({args[0]} if {args[0]} >= 0 else -{args[0]}){where}")
-        elif ins.op == "where" and isinstance(ins.args[0], Reg):
+        elif ins.op == Op.WHERE and isinstance(ins.args[0], Reg):
             made = {i.dst: i for i in kernel.body if i not in hoisted}
             lines.append(f"{ins.dst} = {_select(ins.args[0], args[1], args[2], made, ct)}{where}")
         else:
@@ -255,7 +256,7 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
     lines, temps, checks = [], [], []
     for ins in hoisted:
         d = f"s_{ins.dst}"
-        temps.append(("bint" if ins.kind == "bool" else "double", d))
+        temps.append(("bint" if ins.kind == ValueKind.BOOL else "double", d))
         if _uses_temp(ins.op):
             temps.append(("double", d + "_t"))
         lines += _statements(ins, [_prologue_operand(a) for a in ins.args], _DOUBLE, d)
@@ -263,13 +264,13 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
         checks = [f"opk_overflows_f(attr_{cname(a)}) or opk_vanishes_f(attr_{cname(a)})"
                   for a in kernel.loop_attrs if spec.attr_type(a) == "float"]
         checks += [f"opk_overflows_f(s_{r})" for r in crossing
-                   if next(i for i in hoisted if i.dst == r).kind == "float"]
+                   if next(i for i in hoisted if i.dst == r).kind == ValueKind.FLOAT]
     stores = [f"ctx.a_{name} = {init}" for _, name, init in fields]
-    stores += [f"ctx.s_{r} = {'' if _kind(hoisted, r) == 'bool' else f'<{ct.type}>'}s_{r}"
+    stores += [f"ctx.s_{r} = {'' if _kind(hoisted, r) == ValueKind.BOOL else f'<{ct.type}>'}s_{r}"
                for r in crossing]
     return {"temps": temps, "lines": lines, "checks": checks, "stores": stores,
             "fields": [(ctype, f"a_{name}") for ctype, name, _ in fields]
-            + [("bint" if _kind(hoisted, r) == "bool" else ct.type, f"s_{r}") for r in crossing],
+            + [("bint" if _kind(hoisted, r) == ValueKind.BOOL else ct.type, f"s_{r}") for r in crossing],
             "locals": [f"cdef {ctype} a_{name} = ctx.a_{name}" for ctype, name, _ in fields]
             + [f"cdef {ct.type} {b}{i} = ctx.{b}[{i}]" for i in range(len(kernel.outputs))
                for b in ("lo", "hi") if clip],
@@ -281,7 +282,7 @@ def _uses_temp(op: str) -> bool:
     return op in C_OPS and any("{t}" in c_form(op, double).text for double in (False, True))
 
 
-def _kind(instrs, reg: Reg) -> str:
+def _kind(instrs, reg: Reg) -> ValueKind:
     return next(i.kind for i in instrs if i.dst == reg)
 
 
@@ -317,7 +318,7 @@ def loop_text(kernel: Kernel, instances: List[ComputeType], target: Target) -> s
     # AVX2 / AVX-512F; the baseline SSE2 target keeps that loop scalar
     if any(ct.tag == "l" for ct in instances) and \
             not {"avx2", "avx512f", "avx512dq"} & set(target.features) and \
-            any(i.op == "mul" for i in kernel.body):
+            any(i.op == Op.MUL for i in kernel.body):
         text += "; int64 instance: scalar (a 64-bit vector multiply needs AVX2 or AVX-512)"
     return text
 
@@ -370,11 +371,11 @@ def _row_variants(kernel: Kernel, spec: OpSpec, instances, file_name: str, clip:
 
 
 def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, file_name: str,
-                   target: Target, clip: bool = False) -> Dict:
+                   target: Target, pass_: Pass, clip: bool = False) -> Dict:
     quant = quantized(spec)
-    dtypes = spec.float_dtypes if role.startswith("backward") else spec.dtypes
+    dtypes = spec.float_dtypes if pass_ is Pass.BACKWARD else spec.dtypes
     instances = _instances(dtypes)
-    floats = [str(i.dst) for i in kernel.body if i.kind == "float"]
+    floats = [str(i.dst) for i in kernel.body if i.kind == ValueKind.FLOAT]
     floats += [f"{i.dst}_t" for i in kernel.body if _uses_temp(i.op)]
     if clip:
         floats += [f"c{i}" for i in range(len(kernel.outputs))]
@@ -399,7 +400,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
         "threshold": {ct.tag: schedule.threshold(ct.size) for ct in instances},
         "max_threads": schedule.max_threads or 0,
         "float_vars": floats,
-        "bool_vars": [str(i.dst) for i in kernel.body if i.kind == "bool"],
+        "bool_vars": [str(i.dst) for i in kernel.body if i.kind == ValueKind.BOOL],
         "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
                  for ct in instances},
         # the float16 loops' element loop (float compute) without the clip: they clamp blocks
@@ -440,7 +441,7 @@ def _direct_kernel(plan) -> Optional[Tuple[Kernel, List[str]]]:
         return None  # the dtype limits come with the call's dtype: the checked path passes them
     reduced = {}
     for s in k.sums:
-        if s.prim != "sum_to" or len(s.args) != 1 or s.result.kind is not Kind.OUTPUT:
+        if s.prim != Op.SUM_TO or len(s.args) != 1 or s.result.kind is not Kind.OUTPUT:
             return None
         reduced[s.args[0]] = s.result.name
     names = []
@@ -483,7 +484,7 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
         return variant.direct(fn) if variant is not None else fn
     if any(i.optional for i in spec.inputs):
         return []
-    if spec.layouts[0] != "ND" or any(i.shape or (i.layouts_declared and "ND" not in i.layouts)
+    if spec.layouts[0] != Layout.ND or any(i.shape or (i.layouts_declared and Layout.ND not in i.layouts)
                                        for i in spec.inputs):
         return []
     ins, outs = list(spec.input_names), list(spec.output_names)
@@ -562,7 +563,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
                 if others:
                     role += f" (variant {variant.index})"
                 kernels.append(kernel_context(k, role, spec, low.schedule, file_name, target,
-                                              clip=plan.kind == "backward"))
+                                              plan.kind, clip=plan.kind is Pass.BACKWARD))
     op = {"name": spec.name, "file_name": file_name, "dtypes": spec.dtypes, "passes": passes}
     directs = fast_contexts(spec, lowered, kernels) if not others else [
         d for variant, _, low in [(graphs.variant, graphs, lowered), *others]

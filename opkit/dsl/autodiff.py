@@ -16,6 +16,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from .ir import Node, const, topo_order
 from .library import LIBRARY, reduce_to, sum_to
 from .primitives import PRIMITIVES, ZERO, Masked, _dims, add, apply, neg, negate, select
+from ..kinds import Op, ValueKind
 
 
 class Cotangent(NamedTuple):
@@ -42,7 +43,7 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
     for out, g in outputs:
         give(out, Cotangent(g))
     for node in reversed(topo_order([o for o, _ in outputs])):
-        if id(node) not in terms or node.op in ("input", "attr", "const"):
+        if id(node) not in terms or node.op in (Op.INPUT, Op.ATTR, Op.CONST):
             continue
         library = node.op not in PRIMITIVES
         rule = (LIBRARY[node.op] if library else PRIMITIVES[node.op]).vjp
@@ -54,7 +55,7 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
         for arg, g_arg in zip(node.args, rule(c.value, node, *node.args)):
             # a step function's gradient is 0 and reaches nothing upstream: round(exp(x)) at
             # x = inf is 0, never 0 * inf
-            if g_arg is None or g_arg is ZERO or arg.kind != "float" or arg.op in ("attr", "const"):
+            if g_arg is None or g_arg is ZERO or arg.kind != ValueKind.FLOAT or arg.op in (Op.ATTR, Op.CONST):
                 continue
             if isinstance(g_arg, Masked):
                 given = Cotangent(g_arg.value, _extend(c.flow, g_arg.cond), False)
@@ -75,10 +76,10 @@ def vjp(outputs: Sequence[Tuple[Node, Node]], wrt: Sequence[Node]) -> List[Node]
 
 def _expm1_plus_one(node: Node) -> Optional[Node]:
     """The expm1 node of `expm1(x) + 1` (expm1's derivative rule), else None."""
-    if node.op != "add":
+    if node.op != Op.ADD:
         return None
     for e, one in (node.args, node.args[::-1]):
-        if e.op == "expm1" and one.is_const and one.value == 1.0:
+        if e.op == Op.EXPM1 and one.is_const and one.value == 1.0:
             return e
     return None
 
@@ -95,7 +96,7 @@ def _exp_for_expm1(roots: List[Node]) -> List[Node]:
     for n in order:
         e = _expm1_plus_one(n)
         if e is not None and uses[id(e)] == 1:
-            new[id(n)] = apply("exp", new[id(e.args[0])])
+            new[id(n)] = apply(Op.EXP, new[id(e.args[0])])
             continue
         args = tuple(new[id(a)] for a in n.args)
         new[id(n)] = n if args == n.args else Node(n.op, args, n.params, n.kind, n.dims, n.loc)
@@ -116,21 +117,21 @@ def _sums_linearly(node: Node, depth: int = 8) -> bool:
     pending be summed over broadcast dims first: an unbounded factor upstream (1 / c at c == 0)
     must multiply each element before the flow is applied, never a sum of zeros (0 * inf); the
     final sum_to reduces such a cotangent instead."""
-    if node.op in ("input", "attr", "const") or node.op in LIBRARY:
+    if node.op in (Op.INPUT, Op.ATTR, Op.CONST) or node.op in LIBRARY:
         return True  # (a library call takes its cotangent summed to its own dims anyway)
     if depth <= 0:
         return False
-    floats = [a for a in node.args if a.kind == "float"]
-    if node.op == "mul":
+    floats = [a for a in node.args if a.kind == ValueKind.FLOAT]
+    if node.op == Op.MUL:
         return any(_per_call(a) for a in floats) and all(_sums_linearly(a, depth - 1) for a in floats)
     return node.op in _BOUNDED and all(_sums_linearly(a, depth - 1) for a in floats)
 
 
 def _per_call(node: Node, depth: int = 8) -> bool:
     """A value of attrs and constants alone (one number per call)."""
-    if node.op in ("attr", "const"):
+    if node.op in (Op.ATTR, Op.CONST):
         return True
-    return depth > 0 and node.op != "input" and bool(node.args) and \
+    return depth > 0 and node.op != Op.INPUT and bool(node.args) and \
         all(_per_call(a, depth - 1) for a in node.args)
 
 
@@ -199,11 +200,11 @@ def _accumulate(a: Cotangent, b: Cotangent) -> Cotangent:
     (va, ea), (vb, eb) = _masked(a, only_a), _masked(b, only_b)
     if not only_a or not only_b:  # one flows wherever the other does (or both on one flow)
         return Cotangent(add(va, vb), common, ea and eb)
-    return Cotangent(add(va, vb), common + (apply("or", _all(only_a), _all(only_b)),), ea and eb)
+    return Cotangent(add(va, vb), common + (apply(Op.OR, _all(only_a), _all(only_b)),), ea and eb)
 
 
 def _all(conds: Tuple[Node, ...]) -> Node:
     out = conds[0]
     for c in conds[1:]:
-        out = apply("and", out, c)
+        out = apply(Op.AND, out, c)
     return out

@@ -12,13 +12,14 @@ from .library import LIBRARY, sum_to
 from .primitives import PRIMITIVES
 from .parse import CONSTANTS, FUNCTION_NAMES, Source, Specialization, parse_expr
 from .variants import Variant, variants
+from ..kinds import Op, Pass, ValueKind
 
 
 @dataclass(frozen=True)
 class Graph:
     """A pass of an operator: named outputs computed from array inputs and attrs."""
 
-    kind: str                                 # "forward" or "backward"
+    kind: Pass
     inputs: Tuple[str, ...]                   # array arguments, in call order
     attrs: Tuple[str, ...]
     outputs: Tuple[Tuple[str, Node], ...]
@@ -43,11 +44,11 @@ class Graph:
         names: Dict[int, str] = {}
         lines = []
         for n in self.nodes():
-            if uses.get(id(n), 0) > 1 and n.args and n.op not in ("input", "attr", "const"):
+            if uses.get(id(n), 0) > 1 and n.args and n.op not in (Op.INPUT, Op.ATTR, Op.CONST):
                 text = format_expr(n, names)
                 names[id(n)] = f"t{len(names)}"
                 lines.append(f"{names[id(n)]} = {text}")
-        prefix = "d" if self.kind == "backward" else ""
+        prefix = "d" if self.kind == Pass.BACKWARD else ""
         for name, n in self.outputs:
             lines.append(f"{prefix}{name} = {format_expr(n, names)}")
         return "\n".join(lines)
@@ -55,7 +56,7 @@ class Graph:
     @property
     def digest(self) -> str:
         import hashlib
-        h = hashlib.sha256(repr((self.kind, self.inputs, self.attrs)).encode())
+        h = hashlib.sha256(repr((self.kind.value, self.inputs, self.attrs)).encode())
         for name, n in self.outputs:
             h.update(name.encode() + n.digest.encode())
         return h.hexdigest()
@@ -83,10 +84,10 @@ def input_dims(spec: OpSpec, name: str):
 def _scope(spec: OpSpec) -> Dict[str, Node]:
     scope: Dict[str, Node] = {}
     for i in spec.inputs:
-        scope[i.name] = Node("input", (), (i.name,), "float", input_dims(spec, i.name), i.loc)
+        scope[i.name] = Node(Op.INPUT, (), (i.name,), ValueKind.FLOAT, input_dims(spec, i.name), i.loc)
     for a in spec.attrs:
         if a.type != "str":  # a str attr is no value: comparisons with it fold (Specialization)
-            scope[a.name] = Node("attr", (), (a.name,), "bool" if a.type == "bool" else "float",
+            scope[a.name] = Node(Op.ATTR, (), (a.name,), ValueKind.BOOL if a.type == "bool" else ValueKind.FLOAT,
                                  (), a.loc)
     return scope
 
@@ -169,7 +170,7 @@ def build_graphs(spec: OpSpec, variant: Optional[Variant] = None) -> OpGraphs:
 def _absent_used(spec: OpSpec, variant: Variant, roots, section: str, bindings) -> None:
     """An optional input the variant does not give must not reach a result."""
     absent = {i.name for i in spec.inputs if i.optional and i.name not in variant.given}
-    used = [n.name for n in topo_order(list(roots)) if n.op == "input" and n.name in absent]
+    used = [n.name for n in topo_order(list(roots)) if n.op == Op.INPUT and n.name in absent]
     if used:
         name = used[0]
         where = next((b for b in bindings if _mentions(b.expr, name)), None)
@@ -197,7 +198,7 @@ def _build(spec: OpSpec, variant: Variant) -> OpGraphs:
             raise SpecError(f"outputs.{o.name}: forward does not compute {o.name!r}; add a line "
                             f"`{o.name}: <expression>` under forward", o.loc)
         node = scope[o.name]
-        if node.kind != "float":
+        if node.kind != ValueKind.FLOAT:
             b = next(b for b in spec.forward if b.name == o.name)
             raise SpecError(f"forward.{o.name}: an output must be a number, but this is a true/false "
                             "condition; use where(cond, a, b)", b.loc)
@@ -206,24 +207,24 @@ def _build(spec: OpSpec, variant: Variant) -> OpGraphs:
     present = tuple(i.name for i in spec.inputs if not i.optional or i.name in variant.given)
     attrs = tuple(a.name for a in spec.attrs if a.type != "str")
     input_nodes = tuple(scope[n] for n in present)
-    forward = Graph("forward", present, attrs, tuple(outputs), input_nodes,
+    forward = Graph(Pass.FORWARD, present, attrs, tuple(outputs), input_nodes,
                     kinks(n for _, n in outputs))
 
     diff = tuple(i.name for i in spec.inputs if i.differentiable and i.name in present)
     cot_nodes = {}
     for name, node in outputs:
-        cot_nodes["d" + name] = Node("input", (), ("d" + name,), "float", node.dims, None)
+        cot_nodes["d" + name] = Node(Op.INPUT, (), ("d" + name,), ValueKind.FLOAT, node.dims, None)
     grads = vjp([(node, cot_nodes["d" + name]) for name, node in outputs],
                 [scope[n] for n in diff])
     bw_inputs = present + tuple(cot_nodes)
     bw_input_nodes = input_nodes + tuple(cot_nodes.values())
-    derived = Graph("backward", bw_inputs, attrs, tuple(zip(diff, grads)), bw_input_nodes)
+    derived = Graph(Pass.BACKWARD, bw_inputs, attrs, tuple(zip(diff, grads)), bw_input_nodes)
 
     backward = derived
     if spec.backward is not None:
         grads = _declared_grads(spec, scope, fixed, cot_nodes, diff, checked, special)
         _absent_used(spec, variant, (n for _, n in grads), "backward", spec.backward)
-        backward = Graph("backward", bw_inputs, attrs, grads, bw_input_nodes)
+        backward = Graph(Pass.BACKWARD, bw_inputs, attrs, grads, bw_input_nodes)
     return OpGraphs(forward, backward, derived, spec.backward is not None, diff, variant)
 
 
@@ -249,7 +250,7 @@ def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff, checked: Set[in
         src = Source(b.expr, b.loc, f"backward.{b.name}", b.pieces)
         node = parse_expr(src, bscope, special)
         _check_dims(spec, node, src, checked)
-        if node.kind != "float":
+        if node.kind != ValueKind.FLOAT:
             raise src.error("a gradient must be a number, not a true/false condition")
         given[b.name] = node
     missing = [n for n in diff if n not in given]

@@ -13,6 +13,7 @@ import weakref
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..errors import Loc
+from ..kinds import Op, ValueKind
 
 # dims: None means "the full elementwise space" (positional, any rank, NumPy broadcasting);
 # a tuple names the dims of a value whose axes are known, e.g. ("N", "C"); () is a scalar.
@@ -44,9 +45,18 @@ def _table() -> "weakref.WeakValueDictionary":
 
 class Node:
     __slots__ = ("op", "args", "params", "kind", "dims", "loc", "_digest", "__weakref__")
+    op: Op
+    args: Tuple["Node", ...]
+    params: tuple
+    kind: ValueKind
+    dims: Dims
+    loc: Optional[Loc]
+    _digest: Optional[str]
 
-    def __new__(cls, op: str, args: Tuple["Node", ...], params: tuple, kind: str, dims: Dims,
+    def __new__(cls, op: Op, args: Tuple["Node", ...], params: tuple, kind: ValueKind, dims: Dims,
                 loc: Optional[Loc] = None):
+        # a closed vocabulary: an unknown primitive or kind fails here, where it is made
+        op, kind = Op(op), ValueKind(kind)
         table = _table()
         key = (op, tuple(id(a) for a in args), params, kind, dims)
         node = table.get(key)
@@ -69,37 +79,37 @@ class Node:
             for n in topo_order([self]):
                 if n._digest is None:
                     h = hashlib.sha256()
-                    h.update(repr((n.op, n.params, n.kind, n.dims)).encode())
+                    h.update(repr((n.op.value, n.params, n.kind.value, n.dims)).encode())
                     for a in n.args:
-                        h.update(a._digest.encode())
+                        h.update(str(a._digest).encode())
                     n._digest = h.hexdigest()
-        return self._digest
+        return str(self._digest)
 
     @property
     def is_const(self) -> bool:
-        return self.op == "const"
+        return self.op == Op.CONST
 
     @property
     def value(self):
         """The number of a const node."""
-        assert self.op == "const"
+        assert self.op == Op.CONST
         return self.params[0]
 
     @property
     def name(self) -> str:
         """The name of an input or attr node."""
-        assert self.op in ("input", "attr")
+        assert self.op in (Op.INPUT, Op.ATTR)
         return self.params[0]
 
     def __repr__(self) -> str:
         return f"Node({format_expr(self)})"
 
 
-def const(value, kind: str = "float") -> Node:
-    if kind == "float":
+def const(value, kind: ValueKind = ValueKind.FLOAT) -> Node:
+    if kind == ValueKind.FLOAT:
         value = float(value)
         value = 0.0 if value == 0 else value  # one zero: -0.0 and 0.0 fold to the same constant
-    return Node("const", (), (value,), kind, ())
+    return Node(Op.CONST, (), (value,), kind, ())
 
 
 def topo_order(roots: Iterable[Node]) -> List[Node]:
@@ -155,9 +165,9 @@ def format_expr(node: Node, names: Optional[Dict[int, str]] = None, prec: int = 
 def _leaf_text(node: Node, names: Optional[Dict[int, str]]) -> Optional[str]:
     if names and id(node) in names:
         return names[id(node)]
-    if node.op in ("input", "attr"):
+    if node.op in (Op.INPUT, Op.ATTR):
         return node.params[0]
-    if node.op == "const":
+    if node.op == Op.CONST:
         v = node.params[0]
         if isinstance(v, bool):
             return "True" if v else "False"
@@ -171,9 +181,9 @@ def _arg_precs(node: Node) -> Tuple[int, ...]:
         p = _INFIX[node.op][1]
         # comparisons do not chain in meaning here: parenthesize a comparison inside another
         return (p + (p == 1), p + 1)
-    if node.op in ("neg", "not"):
+    if node.op in (Op.NEG, Op.NOT):
         return (6,)
-    if node.op == "pow":
+    if node.op == Op.POW:
         return (8, 8)
     return (-10,) * len(node.args)
 
@@ -184,10 +194,10 @@ def _compose(node: Node, args: List[str], prec: int) -> str:
         sym, p = _INFIX[op]
         text = f"{args[0]} {sym} {args[1]}"
         return f"({text})" if p < prec else text
-    if op in ("neg", "not"):
-        text = ("-" if op == "neg" else "~") + args[0]
+    if op in (Op.NEG, Op.NOT):
+        text = ("-" if op == Op.NEG else "~") + args[0]
         return f"({text})" if prec > 6 else text
-    if op == "pow":
+    if op == Op.POW:
         text = f"{args[0]} ** {args[1]}"
         return f"({text})" if prec > 7 else text
     if op in FORMATTERS:

@@ -16,13 +16,14 @@ import numpy as np
 from . import named
 from .ir import FORMATTERS, Node
 from .primitives import ONE, ZERO, apply
+from ..kinds import Op, ValueKind
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
 
 
 @dataclass(frozen=True)
 class LibraryPrimitive:
-    name: str
+    name: Op
     run: Callable      # (ctx, args: [(ndarray, names)], params) -> (ndarray, names)
     vjp: Optional[Callable]
     tbe: str           # how the listing shows the call
@@ -37,11 +38,14 @@ class LibraryPrimitive:
     # in L2); the runtime then runs a plan of such calls and elementwise kernels in slices
     mixes: Optional[Callable] = None
 
+    def __post_init__(self):
+        object.__setattr__(self, "name", Op(self.name))  # a call opkit's IR names
 
-LIBRARY: Dict[str, LibraryPrimitive] = {}
+
+LIBRARY: Dict[Op, LibraryPrimitive] = {}
 # the reductions over named dims a declaration can write (validation allows for what their
 # results' conditioning does to the computations after them)
-REDUCTIONS = ("sum", "mean", "amax", "amin", "logsumexp")
+REDUCTIONS = (Op.SUM, Op.MEAN, Op.AMAX, Op.AMIN, Op.LOGSUMEXP)
 
 
 def register(p: LibraryPrimitive) -> LibraryPrimitive:
@@ -102,7 +106,7 @@ def _run_sum_to(ctx: Context, args, params):
 
 def sum_to(value: Node, input_node: Node) -> Node:
     """The gradient `value` reduced over the dims its input was broadcast along."""
-    return Node("sum_to", (value,), (input_node.name,), "float", input_node.dims)
+    return Node(Op.SUM_TO, (value,), (input_node.name,), ValueKind.FLOAT, input_node.dims)
 
 
 register(LibraryPrimitive("sum_to", _run_sum_to, None, "vreduce_sum",
@@ -141,7 +145,7 @@ def reduce_to(value: Node, dims: Tuple[str, ...]) -> Node:
     """Sum `value` over every dim that is not in `dims` (dims known at call time)."""
     if value.dims == dims:
         return value
-    return Node("sum", (value,), (tuple(dims),), "float", tuple(dims))
+    return Node(Op.SUM, (value,), (tuple(dims),), ValueKind.FLOAT, tuple(dims))
 
 
 def _sum_vjp(g, out, v):
@@ -173,14 +177,14 @@ def _run_mean(ctx: Context, args, params):
 
 
 def mean_over(v: Node, keep: Tuple[str, ...]) -> Node:
-    if v.op == "mean":  # mean(mean(v, N), H): one mean over both dims
+    if v.op == Op.MEAN:  # mean(mean(v, N), H): one mean over both dims
         v = v.args[0]
-    return Node("mean", (v,), (tuple(keep),), "float", tuple(keep))
+    return Node(Op.MEAN, (v,), (tuple(keep),), ValueKind.FLOAT, tuple(keep))
 
 
 def _mean_vjp(g, out, v):
     removed = tuple(d for d in v.dims if d not in out.params[0])
-    return (Node("share", (g,), (removed,), "float", g.dims),)
+    return (Node(Op.SHARE, (g,), (removed,), ValueKind.FLOAT, g.dims),)
 
 
 register(LibraryPrimitive("mean", _run_mean, _mean_vjp, "vreduce_mean",
@@ -198,7 +202,7 @@ def _run_share(ctx: Context, args, params):
 
 
 def _share_vjp(g, out, v):
-    return (Node("share", (g,), out.params, "float", g.dims),)
+    return (Node(Op.SHARE, (g,), out.params, ValueKind.FLOAT, g.dims),)
 
 
 register(LibraryPrimitive("share", _run_share, _share_vjp, "vdivs",
@@ -231,14 +235,14 @@ def _run_extreme(ctx: Context, args, params, prim: str):
 def _extreme_vjp(g, out, v):
     """PyTorch's amax / amin: the gradient shared evenly by the elements equal to the result
     (g / count * hit: a NaN result, which no element equals, gives NaN, as PyTorch's)."""
-    hit = apply("where", apply("eq", v, out), ONE, ZERO)
-    return (apply("mul", apply("div", g, reduce_to(hit, out.dims)), hit),)
+    hit = apply(Op.WHERE, apply(Op.EQ, v, out), ONE, ZERO)
+    return (apply(Op.MUL, apply(Op.DIV, g, reduce_to(hit, out.dims)), hit),)
 
 
 def extreme_over(prim: str, v: Node, keep: Tuple[str, ...]) -> Node:
     if v.op == prim:  # amax(amax(v, H), W): one reduction over both dims
         v = v.args[0]
-    return Node(prim, (v,), (tuple(keep),), "float", tuple(keep))
+    return Node(prim, (v,), (tuple(keep),), ValueKind.FLOAT, tuple(keep))
 
 
 for _prim, (_, _identity, _word) in _EXTREMES.items():
@@ -278,7 +282,7 @@ def _run_logsumexp(ctx: Context, args, params):
 
 
 def _logsumexp_vjp(g, out, v):
-    return (apply("mul", g, apply("exp", apply("sub", v, out))),)  # g times softmax(v)
+    return (apply(Op.MUL, g, apply(Op.EXP, apply(Op.SUB, v, out))),)  # g times softmax(v)
 
 
 register(LibraryPrimitive("logsumexp", _run_logsumexp, _logsumexp_vjp, "vreduce_logsumexp",
@@ -288,7 +292,7 @@ register(LibraryPrimitive("logsumexp", _run_logsumexp, _logsumexp_vjp, "vreduce_
 
 def dsl_logsumexp(v: Node, dim: str) -> Node:
     keep = _reduced(v, dim, "logsumexp")
-    return Node("logsumexp", (v,), (keep,), "float", keep)
+    return Node(Op.LOGSUMEXP, (v,), (keep,), ValueKind.FLOAT, keep)
 
 
 # ------------------------------------------------------------------------------ einsum / matmul
@@ -325,7 +329,7 @@ def _run_einsum(ctx: Context, args, params):
 
 
 def einsum(a: Node, b: Node, out_dims: Tuple[str, ...]) -> Node:
-    return Node("einsum", (a, b), (a.dims, b.dims, tuple(out_dims)), "float", tuple(out_dims))
+    return Node(Op.EINSUM, (a, b), (a.dims, b.dims, tuple(out_dims)), ValueKind.FLOAT, tuple(out_dims))
 
 
 def _einsum_vjp(g, out, a, b):
@@ -431,7 +435,7 @@ def _run_fourier(ctx: Context, args, params):
 
 
 def fourier(v: Node, dim: str, factor: Node, kind: str) -> Node:
-    return Node("fourier", (v, factor), (dim, kind), "float", v.dims)
+    return Node(Op.FOURIER, (v, factor), (dim, kind), ValueKind.FLOAT, v.dims)
 
 
 def _fourier_vjp(g, out, v, factor):
@@ -596,23 +600,23 @@ def _run_conv2d_dw(ctx: Context, args, params):
 
 def _conv2d_vjp(g, out, x, w, stride, padding):
     x_dims, w_dims, out_dims = out.params
-    dx = Node("conv2d_dx", (g, w, stride, padding), (out_dims, w_dims, x_dims), "float", x_dims)
-    dw = Node("conv2d_dw", (x, g, stride, padding), (x_dims, out_dims, w_dims), "float", w_dims)
+    dx = Node(Op.CONV2D_DX, (g, w, stride, padding), (out_dims, w_dims, x_dims), ValueKind.FLOAT, x_dims)
+    dw = Node(Op.CONV2D_DW, (x, g, stride, padding), (x_dims, out_dims, w_dims), ValueKind.FLOAT, w_dims)
     return (dx, dw, None, None)
 
 
 def _conv2d_dx_vjp(g, out, gy, w, stride, padding):
     # linear in each argument: the adjoint of a transposed convolution is the convolution
     g_dims, w_dims, x_dims = out.params
-    dg = Node("conv2d", (g, w, stride, padding), (x_dims, w_dims, g_dims), "float", g_dims)
-    dw = Node("conv2d_dw", (g, gy, stride, padding), (x_dims, g_dims, w_dims), "float", w_dims)
+    dg = Node(Op.CONV2D, (g, w, stride, padding), (x_dims, w_dims, g_dims), ValueKind.FLOAT, g_dims)
+    dw = Node(Op.CONV2D_DW, (g, gy, stride, padding), (x_dims, g_dims, w_dims), ValueKind.FLOAT, w_dims)
     return (dg, dw, None, None)
 
 
 def _conv2d_dw_vjp(g, out, x, gy, stride, padding):
     x_dims, g_dims, w_dims = out.params
-    dx = Node("conv2d_dx", (gy, g, stride, padding), (g_dims, w_dims, x_dims), "float", x_dims)
-    dg = Node("conv2d", (x, g, stride, padding), (x_dims, w_dims, g_dims), "float", g_dims)
+    dx = Node(Op.CONV2D_DX, (gy, g, stride, padding), (g_dims, w_dims, x_dims), ValueKind.FLOAT, x_dims)
+    dg = Node(Op.CONV2D, (x, g, stride, padding), (x_dims, w_dims, g_dims), ValueKind.FLOAT, g_dims)
     return (dx, dg, None, None)
 
 
@@ -669,4 +673,4 @@ def conv2d(x: Node, w: Node, stride: Node, padding: Node) -> Node:
     if clash or w.dims[0] in (x.dims[0], x.dims[2], x.dims[3]):
         raise ValueError(f"conv2d: the result's dims would be [{', '.join(out)}], which repeats or "
                          "reuses a dim name of x or the weights; rename the weights' dims")
-    return Node("conv2d", (x, w, stride, padding), (x.dims, w.dims, out), "float", out)
+    return Node(Op.CONV2D, (x, w, stride, padding), (x.dims, w.dims, out), ValueKind.FLOAT, out)

@@ -17,6 +17,7 @@ from ..errors import Loc, SpecError
 from .ir import Node, const
 from . import library
 from .primitives import PRIMITIVES, apply
+from ..kinds import Op, ValueKind
 
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
            ast.BitAnd: "and", ast.BitOr: "or"}
@@ -145,7 +146,7 @@ class _Parser:
 
     def need(self, value: Node, kind: str, node: ast.AST, role: str) -> Node:
         if value.kind != kind:
-            if kind == "float":
+            if kind == ValueKind.FLOAT:
                 raise self.src.error(f"{role} must be a number, but this is a true/false condition; "
                                      "turn a condition into a number with where(cond, a, b)", node)
             raise self.src.error(f"{role} must be a true/false condition (a comparison such as "
@@ -192,7 +193,7 @@ class _Parser:
             raise self.src.error(f"finfo.{node.attr} is not known; the dtype limits are "
                                  f"{', '.join('finfo.' + w for w in FINFO)}", node)
         # a number of the call's dtype (65504 for float16): the runtime passes it like an attr
-        return Node("attr", (), (f"finfo.{node.attr}",), "float", (), self.loc(node))
+        return Node(Op.ATTR, (), (f"finfo.{node.attr}",), ValueKind.FLOAT, (), self.loc(node))
 
     def _string_test(self, node: ast.AST) -> bool:
         """A comparison of a str attr with a string: decided when the variant is compiled."""
@@ -224,7 +225,7 @@ class _Parser:
         given = self.special.given(name)
         if given is None:
             what = "an input that is not optional: declare it `optional: true`" \
-                if name in self.names and self.names[name].op == "input" else "not an optional input"
+                if name in self.names and self.names[name].op == Op.INPUT else "not an optional input"
             raise self.src.error(f"is_given({name}): {name} is {what}", node.args[0])
         return const(given, "bool")
 
@@ -249,9 +250,9 @@ class _Parser:
             if isinstance(node.op, ast.BitXor):
                 raise self.src.error("^ is not a power here: write a ** b (or exp(x) for e ** x)", at)
             raise self.src.error(f"the operator {_describe(node.op)} is not supported", at)
-        kind = "bool" if prim in ("and", "or") else "float"
-        role = "each side of & and |" if kind == "bool" else f"each side of {_symbol(node.op)}"
-        if kind == "bool" and "float" in (left.kind, right.kind):
+        kind = "bool" if prim in (Op.AND, Op.OR) else "float"
+        role = "each side of & and |" if kind == ValueKind.BOOL else f"each side of {_symbol(node.op)}"
+        if kind == ValueKind.BOOL and "float" in (left.kind, right.kind):
             raise self.src.error("each side of & and | must be a true/false condition; & and | bind "
                                  "tighter than comparisons, so write (x > 0) & (x < 1)", node)
         self.need(left, kind, node.left, role)
@@ -360,7 +361,7 @@ class _Parser:
                 continue
             value = self.value(a)
             if kind == "scalar":
-                if value.op not in ("attr", "const") or value.kind != "float":
+                if value.op not in (Op.ATTR, Op.CONST) or value.kind != ValueKind.FLOAT:
                     raise self.src.error(f"argument {i + 1} of {fname}() must be an attr or a "
                                          "number", a)
             elif kind != "any":

@@ -22,15 +22,16 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from .ir import Dims, Node, const
+from ..kinds import Op, ValueKind
 
-F, B = "float", "bool"
+F, B = ValueKind.FLOAT, ValueKind.BOOL
 
 
 @dataclass(frozen=True)
 class Primitive:
-    name: str
-    arg_kinds: Tuple[str, ...]          # "float" or "bool" per argument
-    out_kind: str
+    name: Op
+    arg_kinds: Tuple[ValueKind, ...]
+    out_kind: ValueKind
     numpy: Callable                      # reference meaning on float64 / bool arrays
     vjp: Optional[Callable] = None
     elementwise: bool = True
@@ -41,6 +42,9 @@ class Primitive:
     branch: Optional[Callable] = None
     grad_doc: str = ""                   # its gradient, for the function table
     function: str = ""                   # how expressions call it (""; an operator such as +)
+
+    def __post_init__(self):
+        object.__setattr__(self, "name", Op(self.name))  # a primitive opkit's IR names
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ def masked(cond: Node, value: Node):
     return value if cond.is_const and cond.value else Masked(cond, value)
 
 
-PRIMITIVES: Dict[str, Primitive] = {}
+PRIMITIVES: Dict[Op, Primitive] = {}
 
 
 def _register(p: Primitive) -> Primitive:
@@ -109,49 +113,49 @@ def _excludes(c: Node, d: Node) -> bool:
 
 def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
     # Rewrites that never change a result; they keep derived gradients small.
-    if name == "add":
+    if name == Op.ADD:
         if _is(a[1], 0.0):
             return a[0]
         if _is(a[0], 0.0):
             return a[1]
-    if name == "sub":
+    if name == Op.SUB:
         if _is(a[1], 0.0):
             return a[0]
         if _is(a[0], 0.0):
-            return apply("neg", a[1])
-    if name == "mul":
+            return apply(Op.NEG, a[1])
+    if name == Op.MUL:
         if _is(a[1], 1.0):
             return a[0]
         if _is(a[0], 1.0):
             return a[1]
         if _is(a[1], -1.0):
-            return apply("neg", a[0])
+            return apply(Op.NEG, a[0])
         if _is(a[0], -1.0):
-            return apply("neg", a[1])
-    if name == "div" and _is(a[1], 1.0):
+            return apply(Op.NEG, a[1])
+    if name == Op.DIV and _is(a[1], 1.0):
         return a[0]
-    if name == "pow":
+    if name == Op.POW:
         if _is(a[1], 0.0):
             return ONE
         if _is(a[1], 1.0):
             return a[0]
         if _is(a[1], 2.0):
-            return apply("mul", a[0], a[0])
+            return apply(Op.MUL, a[0], a[0])
         if _is(a[1], 3.0):  # as PyTorch computes x ** 3: no pow call, two multiplies
-            return apply("mul", apply("mul", a[0], a[0]), a[0])
+            return apply(Op.MUL, apply(Op.MUL, a[0], a[0]), a[0])
         if _is(a[1], -1.0):  # 1 / x, correctly rounded as pow's result is
-            return apply("div", const(1.0), a[0])
-    if name == "neg" and a[0].op == "neg":
+            return apply(Op.DIV, const(1.0), a[0])
+    if name == Op.NEG and a[0].op == Op.NEG:
         return a[0].args[0]
-    if name == "not" and a[0].op == "not":
+    if name == Op.NOT and a[0].op == Op.NOT:
         return a[0].args[0]
-    if name in ("and", "or"):
+    if name in (Op.AND, Op.OR):
         for c, d in ((a[0], a[1]), (a[1], a[0])):
             if c.is_const:  # True & d, False | d -> d; False & d -> False, True | d -> True
-                return d if c.value == (name == "and") else c
+                return d if c.value == (name == Op.AND) else c
         if a[0] is a[1]:
             return a[0]
-    if name == "where":
+    if name == Op.WHERE:
         return _simplify_where(*a)
     return None
 
@@ -162,44 +166,44 @@ def _simplify_where(c: Node, x: Node, y: Node) -> Optional[Node]:
     if c.is_const:
         return x if c.value else y
     # inside a branch, a select on the same condition (or on one it excludes) is decided
-    if x.op == "where" and (x.args[0] is c or (c.args and _excludes(c, x.args[0]))):
-        return apply("where", c, x.args[1] if x.args[0] is c else x.args[2], y)
-    if y.op == "where" and y.args[0] is c:
-        return apply("where", c, x, y.args[2])
+    if x.op == Op.WHERE and (x.args[0] is c or (c.args and _excludes(c, x.args[0]))):
+        return apply(Op.WHERE, c, x.args[1] if x.args[0] is c else x.args[2], y)
+    if y.op == Op.WHERE and y.args[0] is c:
+        return apply(Op.WHERE, c, x, y.args[2])
     # where(c, where(d, p, 0), where(d, q, 0)) -> where(d, where(c, p, q), 0)
-    if x.op == y.op == "where" and x.args[0] is y.args[0] and x.args[2] is y.args[2] \
+    if x.op == y.op == Op.WHERE and x.args[0] is y.args[0] and x.args[2] is y.args[2] \
             and _is(x.args[2], 0.0):
-        return apply("where", x.args[0], apply("where", c, x.args[1], y.args[1]), x.args[2])
+        return apply(Op.WHERE, x.args[0], apply(Op.WHERE, c, x.args[1], y.args[1]), x.args[2])
     # where(c, where(d, p, 0), 0) -> where(c & d, p, 0)
-    if x.op == "where" and _is(y, 0.0) and _is(x.args[2], 0.0):
-        return apply("where", apply("and", c, x.args[0]), x.args[1], y)
+    if x.op == Op.WHERE and _is(y, 0.0) and _is(x.args[2], 0.0):
+        return apply(Op.WHERE, apply(Op.AND, c, x.args[0]), x.args[1], y)
     return None
 
 
 def negate(c: Node) -> Node:
     """The condition that holds exactly where c does not."""
-    return apply("not", c)
+    return apply(Op.NOT, c)
 
 
 def select(c: Node, x: Node, y: Node, depth: int = 8) -> Node:
     """where(c, x, y) with `|` and `~` in c turned into plain selects, which GCC vectorizes in
     long chains (it gives up on chains of selects on `(x <= y) | (x != x)`); `depth` bounds
     the expansion of deeply nested conditions."""
-    if depth and c.op == "or":
+    if depth and c.op == Op.OR:
         return select(c.args[0], x, select(c.args[1], x, y, depth - 1), depth - 1)
-    if depth and c.op == "and":
+    if depth and c.op == Op.AND:
         return select(c.args[0], select(c.args[1], x, y, depth - 1), y, depth - 1)
-    if depth and c.op == "not":
+    if depth and c.op == Op.NOT:
         return select(c.args[0], y, x, depth - 1)
-    return apply("where", c, x, y)
+    return apply(Op.WHERE, c, x, y)
 
 
-def add(x, y): return apply("add", x, y)
-def sub(x, y): return apply("sub", x, y)
-def mul(x, y): return apply("mul", x, y)
-def div(x, y): return apply("div", x, y)
-def neg(x): return apply("neg", x)
-def where(c, x, y): return apply("where", c, x, y)
+def add(x, y): return apply(Op.ADD, x, y)
+def sub(x, y): return apply(Op.SUB, x, y)
+def mul(x, y): return apply(Op.MUL, x, y)
+def div(x, y): return apply(Op.DIV, x, y)
+def neg(x): return apply(Op.NEG, x)
+def where(c, x, y): return apply(Op.WHERE, c, x, y)
 
 
 # ------------------------------------------------------------------------------ arithmetic
@@ -228,9 +232,9 @@ _register(Primitive("neg", (F,), F, np.negative, lambda g, out, x: (neg(g),), do
 def _pow_vjp(g, out, x, e):
     # PyTorch's pow: no gradient to the base where the exponent is 0 (0 ** -1 would be inf),
     # none to the exponent where the base is 0 and the exponent >= 0 (log 0 is -inf)
-    base = masked(apply("ne", e, ZERO), mul(g, mul(e, apply("pow", x, apply("sub", e, ONE)))))
-    zero_base = apply("and", apply("eq", x, ZERO), apply("ge", e, ZERO))
-    return base, masked(negate(zero_base), mul(g, mul(out, apply("log", x))))
+    base = masked(apply(Op.NE, e, ZERO), mul(g, mul(e, apply(Op.POW, x, apply(Op.SUB, e, ONE)))))
+    zero_base = apply(Op.AND, apply(Op.EQ, x, ZERO), apply(Op.GE, e, ZERO))
+    return base, masked(negate(zero_base), mul(g, mul(out, apply(Op.LOG, x))))
 
 
 _register(Primitive("pow", (F, F), F, np.power, _pow_vjp, doc="x to the power e (also `x ** e`)",
@@ -258,7 +262,7 @@ _register(Primitive("where", (B, F, F), F, np.where,
 
 
 def _ordered(x, y):
-    return apply("lt", x, y), apply("gt", x, y)
+    return apply(Op.LT, x, y), apply(Op.GT, x, y)
 
 
 def _minmax_vjp(larger: bool):
@@ -266,7 +270,7 @@ def _minmax_vjp(larger: bool):
     tie; unordered (a NaN) both get it."""
     def rule(g, out, x, y):
         lt, gt = _ordered(x, y)
-        tie = select(apply("eq", x, y), mul(g, const(0.5)), g)
+        tie = select(apply(Op.EQ, x, y), mul(g, const(0.5)), g)
         x_loses, y_loses = (lt, gt) if larger else (gt, lt)
         return Masked(negate(x_loses), tie), Masked(negate(y_loses), tie)
     return rule
@@ -282,15 +286,15 @@ _register(Primitive("max", (F, F), F, _np_max, _minmax_vjp(True),
 
 
 def _clamp_branch(x, lo, hi):
-    return apply("lt", x, lo), apply("gt", x, hi), apply("lt", lo, hi)
+    return apply(Op.LT, x, lo), apply(Op.GT, x, hi), apply(Op.LT, lo, hi)
 
 
 def _clamp_vjp(g, out, x, lo, hi):
     # PyTorch's clamp: x takes the gradient inside [lo, hi] (bounds included); lo where x is
     # below it (while lo < hi), hi where x is above it or lo > hi (then hi is the result)
-    inside = apply("and", apply("ge", x, lo), apply("le", x, hi))
-    below = apply("and", apply("lt", x, lo), apply("lt", lo, hi))
-    above = apply("or", apply("gt", x, hi), apply("gt", lo, hi))
+    inside = apply(Op.AND, apply(Op.GE, x, lo), apply(Op.LE, x, hi))
+    below = apply(Op.AND, apply(Op.LT, x, lo), apply(Op.LT, lo, hi))
+    above = apply(Op.OR, apply(Op.GT, x, hi), apply(Op.GT, lo, hi))
     return Masked(inside, g), Masked(below, g), Masked(above, g)
 
 
@@ -301,12 +305,12 @@ _register(Primitive("clamp", (F, F, F), F, lambda x, lo, hi: _np_min(_np_max(x, 
 
 
 def _abs_branch(x):
-    return apply("gt", x, ZERO), apply("lt", x, ZERO)
+    return apply(Op.GT, x, ZERO), apply(Op.LT, x, ZERO)
 
 
 def _abs_vjp(g, out, x):
     pos, neg_ = _abs_branch(x)  # no gradient at 0 (nor at NaN)
-    return (Masked(apply("or", neg_, pos), select(neg_, neg(g), g)),)
+    return (Masked(apply(Op.OR, neg_, pos), select(neg_, neg(g), g)),)
 
 
 # ------------------------------------------------------------------------------ transcendental
@@ -364,7 +368,7 @@ _TWO_OVER_SQRT_PI = const(1.1283791670955126)
 
 
 def _erf_vjp(g, out, x):
-    return (mul(g, mul(_TWO_OVER_SQRT_PI, apply("exp", neg(mul(x, x))))),)
+    return (mul(g, mul(_TWO_OVER_SQRT_PI, apply(Op.EXP, neg(mul(x, x))))),)
 
 
 def _erfc_vjp(g, out, x):
@@ -392,14 +396,14 @@ for _name, _fn, _doc in (("floor", np.floor, "the largest whole number <= x"),
                         branch=_itself(_name), function=_name))
 
 _register(Primitive("sign", (F,), F, np.sign, _zero_vjp, doc="-1, 0 or 1 by the sign of x; NaN stays NaN",
-                    grad_doc="0", branch=lambda x: (apply("gt", x, ZERO), apply("lt", x, ZERO)),
+                    grad_doc="0", branch=lambda x: (apply(Op.GT, x, ZERO), apply(Op.LT, x, ZERO)),
                     function="sign"))
-_register(Primitive("sin", (F,), F, np.sin, lambda g, out, x: (mul(g, apply("cos", x)),),
+_register(Primitive("sin", (F,), F, np.sin, lambda g, out, x: (mul(g, apply(Op.COS, x)),),
                     doc="sine", grad_doc="`dy * cos(x)`", function="sin"))
-_register(Primitive("cos", (F,), F, np.cos, lambda g, out, x: (neg(mul(g, apply("sin", x))),),
+_register(Primitive("cos", (F,), F, np.cos, lambda g, out, x: (neg(mul(g, apply(Op.SIN, x))),),
                     doc="cosine", grad_doc="`-dy * sin(x)`", function="cos"))
 _register(Primitive("softplus", (F,), F, lambda x: np.logaddexp(0.0, x),
-                    lambda g, out, x: (mul(g, apply("sigmoid", x)),),
+                    lambda g, out, x: (mul(g, apply(Op.SIGMOID, x)),),
                     doc="log(1 + e ** x), without overflow", grad_doc="`dy * sigmoid(x)`",
                     function="softplus"))
 _register(Primitive("isnan", (F,), B, np.isnan, None, doc="x is NaN (a condition)",

@@ -14,18 +14,19 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
 from .plan import LOAD, Fused, FusionNote, Kernel, Kind, LibCall, Plan, Stat, Value
+from ..kinds import Op
 
 
 def producer_name(call: LibCall) -> str:
-    return "matmul" if call.prim == "einsum" else call.prim
+    return "matmul" if call.prim == Op.EINSUM else call.prim
 
 
 def channel_dim(call: LibCall) -> Optional[str]:
     """The dim an epilogue's per-channel vectors run along, when the call can fuse at all: the
     output channels of a conv2d, the columns of a 2-d matmul [M, K] @ [K, C]."""
-    if call.prim == "conv2d":
+    if call.prim == Op.CONV2D:
         return call.params[2][1]
-    if call.prim == "einsum":
+    if call.prim == Op.EINSUM:
         a, b, out = call.params
         if len(a) == 2 and len(b) == 2 and a[1] == b[0] and out == (a[0], b[1]):
             return out[1]
@@ -85,7 +86,7 @@ class _Analysis:
         """`step` as a per-channel statistic of `result`, if it is one."""
         keep = (channel,)
         if isinstance(step, LibCall):
-            if step.prim == "mean" and step.params[0] == keep and step.args == (result,):
+            if step.prim == Op.MEAN and step.params[0] == keep and step.args == (result,):
                 return Stat(step)
             return None
         if step.inputs != (result,) or len(step.outputs) != 1 or step.outputs[0].kind is not Kind.TEMP:
@@ -94,7 +95,7 @@ class _Analysis:
         if len(users) != 1:
             return None
         mean = self.steps[users[0]]
-        if isinstance(mean, LibCall) and mean.prim == "mean" and mean.params[0] == keep:
+        if isinstance(mean, LibCall) and mean.prim == Op.MEAN and mean.params[0] == keep:
             return Stat(mean, step)
         return None
 
@@ -102,7 +103,7 @@ class _Analysis:
         """The call layouts the kernel can be the call's epilogue in, and why not in the others
         (empty list and a reason when in none)."""
         dims = call.dims
-        spatial = call.prim == "conv2d"
+        spatial = call.prim == Op.CONV2D
         ok = list(self.spec.layouts)
         problems: List[str] = []
         for v, vd in zip(kernel.inputs, kernel.in_dims):
@@ -140,7 +141,7 @@ def fuse_epilogues(plan: Plan, spec: OpSpec) -> Plan:
     a = _Analysis(plan, spec)
     fused: List[Tuple[Fused, Sequence[int]]] = []
     for i, step in enumerate(a.steps):
-        if isinstance(step, LibCall) and step.prim in ("conv2d", "einsum"):
+        if isinstance(step, LibCall) and step.prim in (Op.CONV2D, Op.EINSUM):
             made = _fuse_call(a, i, step)
             if made is not None:
                 fused.append(made)
@@ -237,11 +238,11 @@ def _also(a: _Analysis, j: int, readers: List[int]) -> List[str]:
 
 def _note_other(a: _Analysis, call: LibCall, step) -> None:
     if isinstance(step, LibCall):
-        if step.prim in ("sum", "mean", "sum_to"):
-            kept = step.params[0] if step.prim != "sum_to" else ()
-            what = f"a reduction to [{', '.join(kept)}]" if step.prim != "sum_to" else "a reduction"
+        if step.prim in (Op.SUM, Op.MEAN, Op.SUM_TO):
+            kept = step.params[0] if step.prim != Op.SUM_TO else ()
+            what = f"a reduction to [{', '.join(kept)}]" if step.prim != Op.SUM_TO else "a reduction"
             reason = f"a shape transform between the ops: {what}"
-        elif step.prim == "fourier":
+        elif step.prim == Op.FOURIER:
             reason = f"a shape transform between the ops: resampling along {step.params[0]}"
         else:
             reason = f"unsupported pattern: {producer_name(call)} feeds {producer_name(step)}"

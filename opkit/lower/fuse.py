@@ -16,6 +16,7 @@ from ..dsl.library import LIBRARY
 from ..dsl.primitives import PRIMITIVES, _dims
 from ..errors import SpecError
 from .plan import LOAD, Attr, Const, Instr, Kernel, LibCall, Plan, Reg, Value
+from ..kinds import Op, Pass, ValueKind
 
 MAX_OPERANDS = 32
 
@@ -40,7 +41,7 @@ def fuse(graph: Graph, prefix: str) -> Plan:
         for i, a in enumerate(n.args):
             if i in scalars:
                 continue  # an attr or constant passed as a number (a resampling factor)
-            if n.op in LIBRARY and a.op != "input" and a.op not in LIBRARY:
+            if n.op in LIBRARY and a.op != Op.INPUT and a.op not in LIBRARY:
                 mat.add(id(a))  # a library call reads arrays: a constant becomes a filled one
             elif _computes(a) and _computes(n) and _smaller(a.dims, n.dims):
                 mat.add(id(a))
@@ -51,9 +52,9 @@ def fuse(graph: Graph, prefix: str) -> Plan:
     copies: List[Tuple[Node, Value]] = []  # outputs that need a kernel of their own
     claimed: Set[int] = set()
     for name, node in graph.outputs:
-        value = Value.output("d" + name if graph.kind == "backward" else name)
+        value = Value.output("d" + name if graph.kind == Pass.BACKWARD else name)
         out_pairs.append((str(value), value))
-        if id(node) in claimed or node.op in ("input", "attr", "const"):
+        if id(node) in claimed or node.op in (Op.INPUT, Op.ATTR, Op.CONST):
             copies.append((node, value))
             continue
         claimed.add(id(node))
@@ -77,7 +78,7 @@ def fuse(graph: Graph, prefix: str) -> Plan:
                                    node.params, holder[id(node)], node.dims, node.loc,
                                    tuple(a.dims for a in node.args)))
             continue
-        if isinstance(step, _Copy) and id(step.node) in holder and step.node.op != "input":
+        if isinstance(step, _Copy) and id(step.node) in holder and step.node.op != Op.INPUT:
             # a second output with the value of an earlier one: copy it, do not recompute
             load = Instr(Reg(0), LOAD, (), "float", slot=0)
             ordered.append(Kernel(f"{prefix}{k}", (holder[id(step.node)],), (step.output,), (),
@@ -100,7 +101,7 @@ def _reads(n: Node, mat: Set[int]) -> List[Node]:
         if id(a) in seen:
             continue
         seen.add(id(a))
-        if a.op == "input" or id(a) in mat or a.op in LIBRARY:
+        if a.op == Op.INPUT or id(a) in mat or a.op in LIBRARY:
             found.append(a)
         elif a.args:
             stack.extend(a.args)
@@ -129,7 +130,7 @@ def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> list:
     Values on the same dims share a kernel (one pass over memory) unless one needs the other,
     directly or through a library call, or sharing would make two kernels wait on each other."""
     producers = [n for n in nodes if id(n) in mat or n.op in LIBRARY]
-    deps = {id(n): {id(r) for r in _reads(n, mat) if r.op != "input"} for n in producers}
+    deps = {id(n): {id(r) for r in _reads(n, mat) if r.op != Op.INPUT} for n in producers}
     group_of: Dict[int, int] = {}
     groups: List[List[Node]] = []
 
@@ -182,7 +183,7 @@ def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> list:
 
 def _scalar_ref(n: Node):
     """A number argument of a LibCall: an attr or a constant."""
-    return Attr(n.name) if n.op == "attr" else Const(n.value)
+    return Attr(n.name) if n.op == Op.ATTR else Const(n.value)
 
 
 def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int, Value],
@@ -190,7 +191,7 @@ def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int
     root_ids = {id(r) for r in roots}
 
     def boundary(n: Node) -> bool:
-        return id(n) not in root_ids and (n.op == "input" or id(n) in mat or n.op in LIBRARY)
+        return id(n) not in root_ids and (n.op == Op.INPUT or id(n) in mat or n.op in LIBRARY)
 
     order: List[Node] = []
     seen: Set[int] = set()
@@ -218,20 +219,20 @@ def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int
     attrs: List[str] = []
     locs = []
     for n in order:
-        if n.op == "attr":
+        if n.op == Op.ATTR:
             ssa[id(n)] = Attr(n.name)
             if n.name not in attrs:
                 attrs.append(n.name)
-        elif n.op == "const":
+        elif n.op == Op.CONST:
             ssa[id(n)] = Const(n.value)
-        elif boundary(n) or n.op == "input":
+        elif boundary(n) or n.op == Op.INPUT:
             value = holder[id(n)]
             if value not in inputs:
                 inputs.append(value)
                 in_dims.append(n.dims)
             ins = Instr(Reg(len(body)), LOAD, (), "float", slot=inputs.index(value))
             body.append(ins)
-            if n.kind == "bool":
+            if n.kind == ValueKind.BOOL:
                 # a condition crosses a boundary stored as 1 or 0 in the array: read it back
                 # as a condition, so `&`, `|` and `~` take it as they take a comparison
                 ins = Instr(Reg(len(body)), "ne", (ins.dst, Const(0.0)), "bool", n.loc)

@@ -14,6 +14,7 @@ from typing import Dict, Optional
 from ..errors import SpecError
 from ..spec.model import OpSpec
 from .plan import LOAD, Attr, Const, Instr, Kernel, Plan
+from ..kinds import Op
 
 # the primitives an integer kernel computes exactly as written
 INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min", "max", "clamp", "sign", "where", "gt", "ge",
@@ -27,7 +28,7 @@ def quantized(spec: OpSpec) -> Dict[str, int]:
 
 def fixed_point_factor(ins: Instr, quant: Dict[str, int]) -> Optional[int]:
     """The index of the value multiplied by a quantized attr in `ins`, or None."""
-    if ins.op != "mul":
+    if ins.op != Op.MUL:
         return None
     a, b = ins.args
     if isinstance(a, Attr) and a.name in quant and not isinstance(b, (Attr, Const)):

@@ -7,6 +7,7 @@ from typing import Dict, List
 from .tbe import EXPANSIONS, SEQUENCES, TBE
 from .integer import fixed_point_factor
 from .plan import LOAD, Attr, Const, Kernel, Reg
+from ..kinds import Op
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4,
              "int64": 8}
@@ -60,7 +61,7 @@ def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[st
         mnemonic = t.vector
         if len(ins.args) == 2 and t.scalar:
             mnemonic, args = _scalar_form(ins.op, t, ins.args, args)
-        if ins.op == "neg":
+        if ins.op == Op.NEG:
             mnemonic, args = "vmuls", args + ["#-1"]
         dst = str(ins.dst)
         if mnemonic in EXPANSIONS:
@@ -80,7 +81,7 @@ def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[st
             if s.args[0] is not out:
                 continue
             # added into float64 partials while the tile is in registers
-            what = "sum_to" if s.prim == "sum_to" else \
+            what = "sum_to" if s.prim == Op.SUM_TO else \
                 f"{s.prim} over the dims not in [{', '.join(s.params[0])}]"
             wide = src
             if ct != "f64":
@@ -108,7 +109,7 @@ def _scalar_form(op: str, t, raw, args):
     operation allows it (x - s becomes vadds x, -s), otherwise the vector form is listed."""
     scalar = [isinstance(a, (Attr, Const)) for a in raw]
     if scalar == [False, True]:
-        if op == "sub":
+        if op == Op.SUB:
             return "vadds", [args[0], _negated(raw[1], args[1])]
         return t.scalar, args
     if scalar == [True, False]:

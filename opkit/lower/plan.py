@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
 from ..errors import Loc
+from ..kinds import Op, Pass, ValueKind
 
 
 class Kind(enum.Enum):
@@ -83,7 +84,7 @@ class Const:
 Operand = Union[Reg, Attr, Const]
 Scalar = (Attr, Const)   # operands that are the same for every element
 
-LOAD = "load"
+LOAD = Op.LOAD
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,15 @@ class Instr:
     """One SSA step of a kernel body: dst = op(args), or dst = inputs[slot][j] for a LOAD."""
 
     dst: Reg
-    op: str                       # a primitive name, or LOAD
+    op: Op                        # a primitive, or LOAD
     args: Tuple[Operand, ...]     # () for a LOAD
-    kind: str                     # float | bool
+    kind: ValueKind
     loc: Optional[Loc] = None
     slot: int = -1                # LOAD: the index of the kernel input it reads
+
+    def __post_init__(self):
+        object.__setattr__(self, "op", Op(self.op))
+        object.__setattr__(self, "kind", ValueKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,7 @@ class Kernel:
         parts = [", ".join(str(v) for v in self.outputs if v not in self.discarded)]
         for s in self.sums:
             arg = self._shown(s.args[0])
-            what = (f"sum_to({arg}, {s.params[0]})" if s.prim == "sum_to"
+            what = (f"sum_to({arg}, {s.params[0]})" if s.prim == Op.SUM_TO
                     else f"{s.prim}({arg}, keep=[{', '.join(s.params[0])}])")
             parts.append(f"{s.result} = {what} in the same pass")
         return "; ".join(p for p in parts if p)
@@ -190,7 +195,7 @@ class Kernel:
         return tuple(a for a in self.attrs if a in used)
 
     @property
-    def ops(self) -> Tuple[str, ...]:
+    def ops(self) -> Tuple[Op, ...]:
         """The primitives the element loop computes (each once)."""
         return tuple(dict.fromkeys(i.op for i in self.body if i.op != LOAD))
 
@@ -198,13 +203,16 @@ class Kernel:
 @dataclass(frozen=True)
 class LibCall:
     name: str
-    prim: str
+    prim: Op
     args: Tuple[Union[Value, Attr, Const], ...]   # arrays, or numbers (a resampling factor)
     params: tuple
     result: Value
     dims: Optional[Tuple[str, ...]] = None        # the result's named dims
     loc: Optional[Loc] = None                     # where the call is written
     arg_dims: Tuple[Optional[Tuple[str, ...]], ...] = ()   # each argument's named dims
+
+    def __post_init__(self):
+        object.__setattr__(self, "prim", Op(self.prim))
 
     @property
     def reads(self) -> Tuple[Value, ...]:
@@ -273,7 +281,7 @@ class FusionNote:
     """What became of one elementwise consumer of a conv2d or matmul result: fused into the
     call's epilogue, or why not (shown by `opkit show`, warned at build)."""
 
-    pass_kind: str                # forward | backward
+    pass_kind: Pass
     producer: str                 # conv2d, matmul
     producer_loc: Optional[Loc]
     consumer: str                 # the consuming primitive (add, where ...) or library call
@@ -297,7 +305,7 @@ Step = Union[Kernel, LibCall, Fused]
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str                                 # forward | backward
+    kind: Pass
     inputs: Tuple[str, ...]
     attrs: Tuple[str, ...]
     outputs: Tuple[Tuple[str, Value], ...]    # (output name, value that holds it)

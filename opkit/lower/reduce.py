@@ -17,6 +17,7 @@ import dataclasses
 from typing import Dict, List
 
 from .plan import LOAD, Fused, Instr, Kernel, Kind, LibCall, Plan, Reg, Value
+from ..kinds import Op
 
 MAX_SUMS = 4            # sums one kernel may fold (OPK_MAXACC)
 SUM_CHUNK = 1 << 15     # elements per chunk of partial sums, at least (OPK_ACC_CHUNK)
@@ -52,7 +53,7 @@ def fold_sums(plan: Plan) -> Plan:
     # (the runtime then has the kernel write that output instead)
     read = {v for s in steps for v in s.reads}
     read |= {c.args[0] for calls in folded.values() for c in calls
-             if c.prim == "sum_to" and c.result.kind is Kind.OUTPUT}
+             if c.prim == Op.SUM_TO and c.result.kind is Kind.OUTPUT}
     steps = [dataclasses.replace(s, sums=tuple(folded[s.name]),
                                  discarded=tuple(v for v in s.outputs if v.kind is Kind.TEMP
                                                  and v not in read))
@@ -79,7 +80,7 @@ def _foldable(call: LibCall, k: Kernel, already: List[LibCall]) -> bool:
     own shape, has the kernel write the result directly)."""
     if len(already) >= MAX_SUMS or call.args[0].kind is not Kind.TEMP:
         return False
-    return call.prim == "sum_to" or (k.dims is not None and set(call.params[0]) <= set(k.dims))
+    return call.prim == Op.SUM_TO or (k.dims is not None and set(call.params[0]) <= set(k.dims))
 
 
 def _input_reductions(plan: Plan) -> Plan:
@@ -89,7 +90,7 @@ def _input_reductions(plan: Plan) -> Plan:
     steps, temps = [], list(plan.temps)
     kernels_write = {v for s in plan.steps if isinstance(s, Kernel) for v in s.outputs}
     for step in plan.steps:
-        reduces = isinstance(step, LibCall) and step.prim in ("sum", "mean") and \
+        reduces = isinstance(step, LibCall) and step.prim in (Op.SUM, Op.MEAN) and \
             step.args[0] not in kernels_write and step.arg_dims
         dims = step.arg_dims[0] if reduces else None
         if dims is None or not set(step.params[0]) <= set(dims):

@@ -9,8 +9,7 @@ except those that shape the model (a resampling factor): the export fixes those.
 """
 from __future__ import annotations
 
-import math
-from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from ..runtime.bind import bind, dtype_name, finfo_values, split_args
 from ..spec.model import FLOAT_DTYPES, LAYOUT_PHYSICAL, DtypeLimit
 from . import ops  # noqa: F401  (registers the lowerings)
 from .lowering import Context, Emitter, ExportError, align, lower_graph
+from ..kinds import Op, ValueKind
 
 DOMAIN = "opkit"
 DEFAULT_OPSET = 18
@@ -233,7 +233,7 @@ class ProtoEmitter(Emitter):
         if name in self.ctx.static or name.startswith("finfo."):
             value = (finfo_values(self.stand.bound.dtype)[name] if name.startswith("finfo.")
                      else self.ctx.static[name])
-            return self.const(np.array(value, dtype=bool if kind == "bool" else self.ctx.compute))
+            return self.const(np.array(value, dtype=bool if kind == ValueKind.BOOL else self.ctx.compute))
         onnx = self.onnx
         typ = self.attr_types[name]
         out = self.fresh(name)
@@ -243,7 +243,7 @@ class ProtoEmitter(Emitter):
             name=field, ref_attr_name=name,
             type=onnx.AttributeProto.FLOAT if typ == "float" else onnx.AttributeProto.INT))
         self.nodes.append(node)
-        return self.cast(out, "bool" if kind == "bool" else None)
+        return self.cast(out, "bool" if kind == ValueKind.BOOL else None)
 
 
 def _static_attrs(graph, stand: Stand) -> Dict[str, object]:
@@ -254,7 +254,7 @@ def _static_attrs(graph, stand: Stand) -> Dict[str, object]:
     static = {}
     for node in topo_order(graph.output_nodes):
         for k in (LIBRARY[node.op].scalar_args if node.op in LIBRARY else ()):
-            if node.args[k].op == "attr":
+            if node.args[k].op == Op.ATTR:
                 static[node.args[k].name] = stand.bound.attrs[node.args[k].name]
     return static
 

@@ -23,6 +23,7 @@ from ..dsl import named
 from ..dsl.ir import topo_order
 from ..dsl.library import LIBRARY
 from ..dsl.primitives import PRIMITIVES
+from ..kinds import Op, ValueKind
 
 LOWERINGS: Dict[str, Callable] = {}
 
@@ -76,9 +77,9 @@ class Context:
     def constant(self, node, why: str) -> float:
         """The value of a scalar argument that must be known at export: a number, or an attr
         that the export then fixes (it is no attribute of the ONNX function)."""
-        if node.op == "const":
+        if node.op == Op.CONST:
             return node.value
-        if node.op == "attr" and node.name in self.attrs:
+        if node.op == Op.ATTR and node.name in self.attrs:
             self.static[node.name] = self.attrs[node.name]
             return self.attrs[node.name]
         raise ExportError(f"{why} needs a value known at export, got an expression")
@@ -151,12 +152,12 @@ def lower_graph(graph, em, names: Dict[str, Tuple[str, ...]], ctx: Context) -> D
 
 
 def _lower(node, em, names, ctx: Context, done) -> Val:
-    if node.op == "input":
+    if node.op == Op.INPUT:
         return Val(em.input(node.name), names[node.name])
-    if node.op == "attr":
+    if node.op == Op.ATTR:
         return Val(em.attr(node.name, node.kind), ())
-    if node.op == "const":
-        if node.kind == "bool":
+    if node.op == Op.CONST:
+        if node.kind == ValueKind.BOOL:
             return Val(em.const(np.array(bool(node.value))), ())
         return Val(em.scalar(node.value), ())
     args = [done[id(a)] for a in node.args]

@@ -14,6 +14,7 @@ import numpy as np
 
 from .export import MIN_OPSET, Stand, Typed, default_shape, lower_outputs, prepare
 from .lowering import Emitter, ExportError
+from ..kinds import ValueKind
 
 # torch's scalar type names (Value.type().scalarType()) -> opkit's dtype names
 _DTYPES = {"Half": "float16", "Float": "float32", "Double": "float64", "BFloat16": "bfloat16"}
@@ -48,7 +49,7 @@ class TorchEmitter(Emitter):
         from ..runtime.bind import finfo_values
         value = finfo_values(self.stand.bound.dtype)[name] if name.startswith("finfo.") \
             else self.stand.bound.attrs[name]
-        return self.const(np.array(value, dtype=bool if kind == "bool" else self.ctx.compute))
+        return self.const(np.array(value, dtype=bool if kind == ValueKind.BOOL else self.ctx.compute))
 
 
 def _suffixed(key: str, value) -> str:

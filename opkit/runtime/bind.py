@@ -14,6 +14,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ..dsl import named
+from ..kinds import Layout
 from ..spec.model import DTYPES, FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
 from .shapes import shape_rules
 
@@ -48,7 +49,7 @@ def _or_list(items: Sequence[str]) -> str:
 class Bound:
     """A checked call: arrays with dim names, dim sizes, attrs and the result dtype."""
 
-    layout: str
+    layout: Layout
     values: Dict[str, Value]            # input (or output gradient) name -> (array, names)
     sizes: Dict[str, int]
     attrs: Dict[str, object]            # as the kernels take them (null -> null_means)
@@ -199,13 +200,13 @@ def as_array(value, name: str, allowed: Sequence[str], where: str) -> np.ndarray
     return arr
 
 
-def choose_layout(spec: OpSpec, layout: Optional[str], where: str) -> str:
+def choose_layout(spec: OpSpec, layout: Optional[str], where: str) -> Layout:
     if layout is None:
         return spec.layouts[0]
     if layout not in spec.layouts:
         raise ValueError(f"{where}: layout must be {_or_list([repr(x) for x in spec.layouts])}, "
                          f"got {layout!r}")
-    return layout
+    return Layout(layout)
 
 
 def input_names(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str):

@@ -22,6 +22,7 @@ from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, comp
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides, walk_dims
 from .reductions import compiled_reduction
+from ..kinds import Layout, Op, Pass
 
 Array = Tuple[np.ndarray, Tuple[str, ...]]   # an array and the dim names of its axes
 
@@ -39,7 +40,7 @@ def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.d
     in the compute type, the names of the output's (N, O, OH, OW) axes, and the order the
     result is stored in. A 2-d matmul [M, K] @ [K, C] is the 1 x 1 convolution of an image of
     M rows and one column."""
-    if call.prim == "conv2d":
+    if call.prim == Op.CONV2D:
         x_dims, w_dims, out_dims = call.params
         x, xn = env[call.args[0]]
         wv = named.expand_to(*env[call.args[1]], w_dims)
@@ -49,7 +50,7 @@ def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.d
                    for d in x_dims)
         o, c, kh, kw = wv.shape
         oh, ow = conv_size(sizes[2], kh, s, p), conv_size(sizes[3], kw, s, p)
-        nhwc = bound.layout == "NHWC"
+        nhwc = bound.layout is Layout.NHWC
         pack = wv.transpose(2, 3, 1, 0).reshape(kh * kw * c, o) if nhwc else wv.reshape(o, -1)
         dims = (sizes[0], sizes[1], sizes[2], sizes[3], o, kh, kw, oh, ow, s, p, int(nhwc))
         phys = physical(out_dims, bound.layout, True)
@@ -195,7 +196,7 @@ def _batch_dims(plan: Plan) -> Tuple[str, ...]:
             along.update(mixes(s.params))
             slicing = True
         elif not (isinstance(s, Kernel) and not s.sums
-                  or isinstance(s, LibCall) and s.prim == "sum_to"):
+                  or isinstance(s, LibCall) and s.prim == Op.SUM_TO):
             return ()
     return tuple(d for d in ("N", "C") if slicing and d not in along)
 
@@ -224,13 +225,13 @@ def row_dims(plan: Plan) -> Tuple[str, ...]:
         if isinstance(s, Kernel):
             if s.dims is None:
                 return ()
-            calls = [c for c in s.sums if c.prim != "sum_to" and c.result not in terminal]
-        elif isinstance(s, LibCall) and (s.prim in ("sum", "mean") or s.prim in COMPILED_REDUCTIONS):
+            calls = [c for c in s.sums if c.prim != Op.SUM_TO and c.result not in terminal]
+        elif isinstance(s, LibCall) and (s.prim in (Op.SUM, Op.MEAN) or s.prim in COMPILED_REDUCTIONS):
             calls = [s]
-        elif isinstance(s, LibCall) and s.prim == "share":
+        elif isinstance(s, LibCall) and s.prim == Op.SHARE:
             excluded.update(s.params[0])
             continue
-        elif isinstance(s, LibCall) and s.prim == "sum_to":
+        elif isinstance(s, LibCall) and s.prim == Op.SUM_TO:
             continue
         else:
             return ()
@@ -248,8 +249,8 @@ def _summed_for_outputs(plan: Plan) -> set:
         for v in s.reads:
             readers.setdefault(v, []).append(s)
     return {c.result for s in plan.steps if isinstance(s, Kernel) for c in s.sums
-            if c.prim == "sum" and c.result in readers
-            and all(isinstance(r, LibCall) and r.prim == "sum_to" and r.result.kind is Kind.OUTPUT
+            if c.prim == Op.SUM and c.result in readers
+            and all(isinstance(r, LibCall) and r.prim == Op.SUM_TO and r.result.kind is Kind.OUTPUT
                     for r in readers[c.result])}
 
 
@@ -270,7 +271,7 @@ class Executor:
         # call's shapes make the reduction an identity (the common case: nothing is broadcast)
         self.direct: Dict[Value, LibCall] = {}
         for i, step in enumerate(plan.steps):
-            if isinstance(step, LibCall) and step.prim == "sum_to" and step.result.kind is Kind.OUTPUT:
+            if isinstance(step, LibCall) and step.prim == Op.SUM_TO and step.result.kind is Kind.OUTPUT:
                 src = step.args[0]
                 if src.kind is Kind.TEMP and self.readers.get(src) == [i]:
                     self.direct[src] = step
@@ -289,7 +290,7 @@ class Executor:
         # outputs a sum_to writes (a weight's gradient): a plan in slices may add them up
         self.summed_to = {c.result for s in plan.steps
                           for c in ((s,) if isinstance(s, LibCall) else getattr(s, "sums", ()))
-                          if c.prim == "sum_to" and c.result.kind is Kind.OUTPUT}
+                          if c.prim == Op.SUM_TO and c.result.kind is Kind.OUTPUT}
 
     def run(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
             out_dtypes: Dict[Value, np.dtype], like: Dict[Value, Array],
@@ -472,7 +473,7 @@ class Executor:
             if folded is not None:
                 # read only by sums folded into this kernel: a sum_to that is an identity
                 # here is its output array; the others add the values up, stored or not
-                ident = next((c for c in folded if c.prim == "sum_to" and c.result.kind is Kind.OUTPUT
+                ident = next((c for c in folded if c.prim == Op.SUM_TO and c.result.kind is Kind.OUTPUT
                               and self._lands(c, vid, space, labels, st)), None)
                 if ident is not None:
                     landed.add(vid)
@@ -485,7 +486,7 @@ class Executor:
             env[vid] = self._temp(space, labels, st.temp_dtype)
         summed += [c for c in step.sums if c.args[0] not in self.folded]
         clips = None
-        if clip is not None and self.plan.kind == "backward":
+        if clip is not None and self.plan.kind == Pass.BACKWARD:
             # a result that lands in an output as it is gets clamped on store
             clips = tuple((-clip, clip) if v.kind is Kind.OUTPUT or v in landed
                           else (-np.inf, np.inf) for v in step.outputs)
@@ -503,7 +504,7 @@ class Executor:
         for v in later:
             np.clip(env[v][0], -clip, clip, out=env[v][0])
         for c, folded in zip(summed, sums):
-            total = _mean_of(folded.total, env[c.args[0]], c.params[0]) if c.prim == "mean" \
+            total = _mean_of(folded.total, env[c.args[0]], c.params[0]) if c.prim == Op.MEAN \
                 else folded.total
             # a slice's own sum, or one only a sum_to into an output reads: kept as added up
             if out_dtypes.get(c.result) != np.float64 and c.result not in self.wide:
@@ -522,7 +523,7 @@ class Executor:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
         the output's fastest dim): then it is kept as lanes (opk_lanes)."""
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
-        targets = [env[self.values[c.params[0]]] if c.prim == "sum_to" else None for c in calls]
+        targets = [env[self.values[c.params[0]]] if c.prim == Op.SUM_TO else None for c in calls]
         targets = tuple((t[0].shape, t[1]) if t is not None else None for t in targets)
         key = (k.name, tuple(id(c) for c in calls), targets,
                tuple((arr.shape, arr.strides, nm) for arr, nm in operands))
@@ -542,7 +543,7 @@ class Executor:
         fastest = iter_names[dims[-1]]  # the walk's innermost dim (geometry)
         lanes = []
         for c in calls:
-            if c.prim == "sum_to":
+            if c.prim == Op.SUM_TO:
                 target, names = env[self.values[c.params[0]]]
                 lanes.append(fastest not in names or target.shape[names.index(fastest)] == 1)
             else:
@@ -555,7 +556,7 @@ class Executor:
         output or a target only adds dims the inputs lack when the value does not depend on
         them (an output `c * 2` of a per-channel c, a gradient `dx: 0`): it is then broadcast to
         that shape, as NumPy and `sum_to` of a smaller value do."""
-        calls = [c for c in k.sums if c.prim == "sum_to"]
+        calls = [c for c in k.sums if c.prim == Op.SUM_TO]
         calls += [self.direct[v] for v in k.outputs if v in self.direct]
         extra = [v for v in k.outputs if v.kind is Kind.OUTPUT]
         extra += [self.values[c.params[0]] for c in calls]
@@ -582,7 +583,7 @@ class Executor:
         as lanes (opk_lanes) where `lanes` says."""
         out = []
         for c, lane in zip(calls, lanes):
-            if c.prim == "sum_to":
+            if c.prim == Op.SUM_TO:
                 target, names = env[values[c.params[0]]]
                 shape = target.shape
             else:
@@ -633,7 +634,7 @@ class Executor:
         sattrs = tuple(tuple(attrs[a] for a in s.kernel.attrs) if s.kernel is not None else ()
                        for s in step.stats)
         clips = None
-        if k is not None and st.clip is not None and self.plan.kind == "backward":
+        if k is not None and st.clip is not None and self.plan.kind == Pass.BACKWARD:
             clips = tuple((-st.clip, st.clip) if v.kind is Kind.OUTPUT else (-np.inf, np.inf)
                           for v in k.outputs)
         sums = np.zeros((len(step.stats), dims[4]), np.float64)
@@ -768,7 +769,7 @@ class Executor:
         narrows = dst.dtype.itemsize < src.dtype.itemsize  # (errstate costs a call's µs)
         with np.errstate(over="ignore") if narrows else contextlib.nullcontext():
             np.copyto(dst, src, casting="unsafe")
-        if clip is not None and self.plan.kind == "backward":
+        if clip is not None and self.plan.kind == Pass.BACKWARD:
             np.clip(dst, -clip, clip, out=dst)
         self._keep_precise(value, (arr, nm), env, compute, final)
 

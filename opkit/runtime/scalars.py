@@ -19,6 +19,7 @@ from ..dsl.primitives import PRIMITIVES
 from ..lower import Attr, Const, Plan, compute_dtype
 from ..spec.model import OpSpec
 from .bind import dtype_name
+from ..kinds import Op, ValueKind
 
 # a finite double rounds to float32 infinity from here up, and a nonzero one to 0 from here down
 FLOAT32_OVERFLOW = float.fromhex("0x1.ffffffp+127")
@@ -106,12 +107,12 @@ def _check_prologue(kernel, attrs: Dict[str, object], name: str, where: str) -> 
         with np.errstate(all="ignore"):
             v = PRIMITIVES[ins.op].numpy(*[np.float64(x) if not isinstance(x, bool)
                                             else np.bool_(x) for x in args])
-        values[ins.dst] = bool(v) if ins.kind == "bool" else float(v)
+        values[ins.dst] = bool(v) if ins.kind == ValueKind.BOOL else float(v)
         parts: List[str] = [_text(a, texts) for a in ins.args]
         texts[ins.dst] = (f"({parts[0]} {_SYMBOLS[ins.op]} {parts[1]})" if ins.op in _SYMBOLS
-                          else f"-{parts[0]}" if ins.op == "neg"
+                          else f"-{parts[0]}" if ins.op == Op.NEG
                           else f"{ins.op}({', '.join(parts)})")
-        if ins.kind == "float" and ins.dst in crossing and overflows(values[ins.dst]):
+        if ins.kind == ValueKind.FLOAT and ins.dst in crossing and overflows(values[ins.dst]):
             used = sorted(set(_attrs_of(ins.dst, kernel.prologue)))
             given = ", ".join(f"{a}={attrs[a]!r}" for a in used)
             line = f" ({ins.loc})" if ins.loc else ""

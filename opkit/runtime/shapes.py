@@ -11,6 +11,7 @@ from ..dsl.graph import build_graphs
 from ..dsl.ir import Node
 from ..dsl.library import LIBRARY, derive_sizes
 from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
+from ..kinds import Op
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class ShapeRules:
             return sizes
 
         def value_of(n: Node):
-            return attrs[n.name] if n.op == "attr" else n.value
+            return attrs[n.name] if n.op == Op.ATTR else n.value
         return derive_sizes(self.calls, sizes, value_of)
 
     def physical(self, dims: Tuple[str, ...], layout: str) -> Tuple[str, ...]:
@@ -59,7 +60,7 @@ def _shape_rules(spec: OpSpec) -> ShapeRules:
     graph = build_graphs(spec).forward
     nodes = graph.nodes()
     calls = tuple(n for n in nodes if n.op in LIBRARY and LIBRARY[n.op].sizes is not None)
-    attrs = tuple(dict.fromkeys(a.name for n in calls for a in n.args if a.op == "attr"))
+    attrs = tuple(dict.fromkeys(a.name for n in calls for a in n.args if a.op == Op.ATTR))
     created = {d for n in calls for d in n.dims}
     input_dims = {d for n in graph.input_nodes if n.dims for d in n.dims}
     outputs = []

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import Loc, SpecError
+from ..kinds import Layout
 from ..quantize import fixed_point
 from .model import (ATTR_TYPES, DTYPES, FINFO, FLOAT_DTYPES, LAYOUTS, RESERVED_NAMES, AttrSpec,
                     Binding, DtypeLimit, InputSpec, Interval, OpSpec, OutputSpec, ScheduleSpec)
@@ -149,7 +150,8 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
         f = _Map(child, where, ("dtypes", "layouts", "shape", "differentiable", "domain", "optional"))
         dtypes = _choices(f.need("dtypes"), f"{where}.dtypes", DTYPES)
         layouts_node = f.get("layouts")
-        layouts = _choices(layouts_node, f"{where}.layouts", LAYOUTS) if layouts_node else ("ND",)
+        layouts = tuple(map(Layout, _choices(layouts_node, f"{where}.layouts", LAYOUTS))) \
+            if layouts_node else (Layout.ND,)
         shape = None
         if f.get("shape") is not None:
             sn = f.get("shape")
@@ -158,7 +160,7 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
                 raise SpecError(f"{where}.shape: give at least one dim name", sn.loc)
             if len(set(dims)) != len(dims):
                 raise SpecError(f"{where}.shape: a dim name is repeated in {dims}", sn.loc)
-            if layouts_node and layouts != ("ND",):
+            if layouts_node and layouts != (Layout.ND,):
                 raise SpecError(f"{where}: give either shape or a 4-d layout list, not both "
                                 "(a layout already names the dims N, C, H, W)", sn.loc)
             shape = tuple(dims)

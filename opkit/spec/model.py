@@ -8,15 +8,16 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
 from ..errors import Loc
+from ..kinds import Layout
 
 # bfloat16 arrays need ml_dtypes (the NumPy dtype package of JAX and TensorFlow)
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 INT_DTYPES = ("int8", "int16", "int32")
 DTYPES = FLOAT_DTYPES + INT_DTYPES
-LAYOUTS = ("ND", "NCHW", "NHWC")
+LAYOUTS = tuple(Layout)
 # The logical dims that a 4-d layout names, and their physical order in memory.
-LAYOUT_DIMS = {"NCHW": ("N", "C", "H", "W"), "NHWC": ("N", "C", "H", "W")}
-LAYOUT_PHYSICAL = {"NCHW": ("N", "C", "H", "W"), "NHWC": ("N", "H", "W", "C")}
+LAYOUT_DIMS = {Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "C", "H", "W")}
+LAYOUT_PHYSICAL = {Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "H", "W", "C")}
 ATTR_TYPES = ("float", "int", "bool", "str")
 # the limits of a float dtype that declarations may name (`finfo.max` ...), as NumPy's finfo
 FINFO = ("max", "min", "eps", "tiny")
@@ -97,7 +98,7 @@ class Interval:
 class InputSpec:
     name: str
     dtypes: Tuple[str, ...]
-    layouts: Tuple[str, ...]          # the layouts this input accepts; ("ND",) when not declared
+    layouts: Tuple[Layout, ...]       # the layouts this input accepts; ("ND",) when not declared
     layouts_declared: bool            # False: the input is layout-agnostic (broadcast by position)
     shape: Optional[Tuple[str, ...]]  # named dims, e.g. ("N", "K"); None: any rank
     differentiable: bool
@@ -227,7 +228,7 @@ class OpSpec:
                 for layout in i.layouts:
                     if layout not in seen:
                         seen.append(layout)
-        return tuple(seen) or ("ND",)
+        return tuple(seen) or (Layout.ND,)
 
     def canonical(self) -> dict:
         """A location-free description of everything that affects generated code."""

@@ -9,6 +9,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
+from ..kinds import Op
 
 
 DIM_SIZES = {"N": 2, "C": 3, "H": 5, "W": 7}
@@ -69,7 +70,7 @@ def _conv_shapes(spec: OpSpec) -> List[Tuple[str, Dict[str, int], Dict[str, obje
     """(label, dim sizes, attrs) of the convolution cases, for an operator whose forward pass
     has one conv2d; [] otherwise. A stride or padding written as a number keeps its value."""
     from ..runtime.shapes import shape_rules
-    convs = [n for n in shape_rules(spec).calls if n.op == "conv2d"]
+    convs = [n for n in shape_rules(spec).calls if n.op == Op.CONV2D]
     if len(convs) != 1:
         return []
     node = convs[0]
@@ -78,10 +79,10 @@ def _conv_shapes(spec: OpSpec) -> List[Tuple[str, Dict[str, int], Dict[str, obje
     for label, n, c, h, w, o, k, stride, pad in CONV_CASES:
         attrs = {}
         for arg, value in zip(node.args[2:], (stride, pad)):
-            if arg.op == "attr":
+            if arg.op == Op.ATTR:
                 attrs[arg.name] = value
-        s = attrs.get(node.args[2].name, stride) if node.args[2].op == "attr" else int(node.args[2].value)
-        p = attrs.get(node.args[3].name, pad) if node.args[3].op == "attr" else int(node.args[3].value)
+        s = attrs.get(node.args[2].name, stride) if node.args[2].op == Op.ATTR else int(node.args[2].value)
+        p = attrs.get(node.args[3].name, pad) if node.args[3].op == Op.ATTR else int(node.args[3].value)
         oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
         if oh < 1 or ow < 1:
             continue

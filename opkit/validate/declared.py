@@ -12,6 +12,7 @@ from ..spec.model import OpSpec
 from .cases import attr_samples, case_inputs, make_cases
 from .compare import first_true, forward_nan
 from .reference import evaluate, shaped
+from ..kinds import Op
 
 
 def check_declared_backward(spec: OpSpec, graphs: OpGraphs, seed: int = 0) -> None:
@@ -71,7 +72,7 @@ def _compare_backwards(spec: OpSpec, graphs: OpGraphs, seed: int) -> None:
                     continue
                 i = first_true(bad)
                 derived = next(g for n, g in graphs.derived.outputs if n == b.name)
-                inner = derived.args[0] if derived.op == "sum_to" else derived
+                inner = derived.args[0] if derived.op == Op.SUM_TO else derived
                 at = ", ".join(f"{k}={v!r}" for k, v in attrs.items())
                 where = f"({case.label} case{', ' + at if at else ''})"
                 if nan[i]:

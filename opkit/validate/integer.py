@@ -15,6 +15,7 @@ from ..dsl.graph import Graph
 from ..dsl.primitives import PRIMITIVES
 from ..quantize import fixed_point
 from ..spec.model import OpSpec
+from ..kinds import Op, ValueKind
 
 _INT_NUMPY = {"abs": np.abs}
 
@@ -24,24 +25,24 @@ def evaluate_int(spec: OpSpec, graph: Graph, values: Dict[str, tuple], attrs: Di
     env: Dict[int, tuple] = {}
     fixed: Dict[int, tuple] = {}  # node id of a quantized attr -> (m, bits)
     for n in graph.nodes():
-        if n.op == "input":
+        if n.op == Op.INPUT:
             arr, nm = values[n.name]
             env[id(n)] = (arr.astype(np.int64), nm)
-        elif n.op == "attr":
+        elif n.op == Op.ATTR:
             v = attrs[n.name]
             if n.name in quant:
                 m, bits, _ = fixed_point(v, quant[n.name])
                 fixed[id(n)] = (m, bits)
                 env[id(n)] = (np.asarray(m, np.int64), ())
             else:
-                env[id(n)] = (np.asarray(v, dtype=bool if n.kind == "bool" else np.int64), ())
-        elif n.op == "const":
-            env[id(n)] = (np.asarray(n.value, dtype=bool if n.kind == "bool" else np.int64), ())
+                env[id(n)] = (np.asarray(v, dtype=bool if n.kind == ValueKind.BOOL else np.int64), ())
+        elif n.op == Op.CONST:
+            env[id(n)] = (np.asarray(n.value, dtype=bool if n.kind == ValueKind.BOOL else np.int64), ())
         else:
             args = [env[id(a)] for a in n.args]
             names, _, views = named.align(args, [f"argument {i}" for i in range(len(args))])
             q = [fixed.get(id(a)) for a in n.args]
-            if n.op == "mul" and any(q):
+            if n.op == Op.MUL and any(q):
                 k = 0 if q[1] else 1  # the value multiplied by the fixed-point attr
                 m, bits = q[1 - k]
                 result = (views[k] * m + (1 << (bits - 1))) >> bits

@@ -11,6 +11,7 @@ from ..dsl.graph import Graph
 from ..dsl.ir import topo_order
 from ..dsl.library import LIBRARY, Context, derive_sizes, input_sizes
 from ..dsl.primitives import PRIMITIVES
+from ..kinds import Op, ValueKind
 
 Value = Tuple[np.ndarray, Tuple[str, ...]]
 
@@ -31,7 +32,7 @@ def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
     roots = [*graph.output_nodes, *kinks]
     order = topo_order(roots)
     sizes = derive_sizes(order, input_sizes(inputs),
-                         lambda n: attrs[n.name] if n.op == "attr" else n.value)
+                         lambda n: attrs[n.name] if n.op == Op.ATTR else n.value)
     ctx = Context(inputs, accumulate=np.float64 if dtype == np.float64 else None, sizes=sizes)
     # an intermediate is dropped after its last use: a long expression keeps few arrays alive
     uses = Counter(id(a) for n in order for a in n.args)
@@ -51,17 +52,17 @@ def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
 
 
 def _value(n, env, inputs, attrs, ctx: Context, dtype) -> Value:
-    if n.op == "input":
+    if n.op == Op.INPUT:
         return inputs[n.name]
-    if n.op in ("attr", "const"):
-        v = attrs[n.name] if n.op == "attr" else n.value
-        return np.asarray(v, dtype=bool if n.kind == "bool" else dtype), ()
+    if n.op in (Op.ATTR, Op.CONST):
+        v = attrs[n.name] if n.op == Op.ATTR else n.value
+        return np.asarray(v, dtype=bool if n.kind == ValueKind.BOOL else dtype), ()
     args = [env[id(a)] for a in n.args]
     if n.op not in PRIMITIVES:
         return LIBRARY[n.op].run(ctx, args, n.params)
     names, _, views = named.align(args, [f"argument {i}" for i in range(len(args))])
     result = np.asarray(PRIMITIVES[n.op].numpy(*views))
-    if n.kind == "float":
+    if n.kind == ValueKind.FLOAT:
         result = result.astype(dtype, copy=False)
     return result, names
 
