@@ -135,7 +135,7 @@ def test_the_eager_column_writes_what_pytorchs_function_computes(name, repo):
     """The eager torch column calls aten's out= kernels: the same numbers as the torch.nn
     function and its autograd (an attr left at its default would show here)."""
     torch = pytest.importorskip("torch")
-    from opkit.bench_torch import torch_pass
+    from opkit.bench.torch_columns import torch_pass
     from opkit.spec import parse_spec
     from opkit.validate.cases import default_attrs
     path = repo / "examples" / "activations" / f"{name}.yaml"

@@ -53,7 +53,7 @@ def _helpers():
 
 
 def _torch():
-    from .bench import _torch as torch_modules
+    from . import _torch as torch_modules
     return torch_modules()
 
 
@@ -137,7 +137,7 @@ def conv_bn_train_case(shape, k, layout, rng, dtype=np.float32):
 
 
 CASE = (8, 64, 64, 64)
-# (case name, builder, shape, dtype, pass, target checks), as bench.TARGETS
+# (case name, builder, shape, dtype, pass, target checks), as opkit.bench.TARGETS
 CONV_TARGETS = []
 for _layout in ("NHWC", "NCHW"):
     CONV_TARGETS += [

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._version import __version__
+from .._version import __version__
 
 Fn = Callable[[], object]
 
@@ -492,7 +492,7 @@ TARGETS = [
 ]
 
 
-from .bench_conv import CONV_TARGETS  # noqa: E402  (the fused convolutions: docs/fusion.md)
+from .conv import CONV_TARGETS  # noqa: E402  (the fused convolutions: docs/fusion.md)
 
 TARGETS += CONV_TARGETS
 
@@ -577,7 +577,7 @@ def generic_rows(names: List[str], sizes: List[int], dtypes: List[str], layouts:
                  dims: Optional[Dict[str, int]] = None) -> List[Row]:
     """Each operator on inputs shaped like its first input, against the copy of the same bytes,
     NumPy running the same graph in the same dtype and PyTorch's own kernels where PyTorch has
-    the computation (bench_torch.py). Every side writes into memory it has written before
+    the computation (torch_columns.py). Every side writes into memory it has written before
     (opkit and the copy through out=), so page faults are nobody's. Each case takes about
     `budget` seconds (see timed); `progress(text)` hears of each case as it starts.
     A case the operator does not take (a convolution's kernel larger than the image) is left
@@ -666,7 +666,7 @@ _OTHER_DIMS = {"KH": 3, "KW": 3, "R": 3, "S": 3}
 
 def _chosen_attrs(op, texts: Sequence[str]) -> Dict[str, object]:
     """The NAME=VALUE texts naming an attr of `op`, read as its declared types."""
-    from .cli import attr_option
+    from ..cli import attr_option
     names = {a.name for a in op.spec.attrs}
     return dict(attr_option(op, t) for t in texts if t.partition("=")[0] in names)
 
@@ -693,9 +693,9 @@ def _generic_row(name, layout, size, dtype, pass_, repeat, rng, budget,
                  chosen: Optional[Dict[str, object]] = None,
                  dims: Optional[Dict[str, int]] = None) -> Optional[Row]:
     import opkit
-    from .runtime.bind import bind
-    from .validate.cases import default_attrs
-    from .validate.reference import evaluate
+    from ..runtime.bind import bind
+    from ..validate.cases import default_attrs
+    from ..validate.reference import evaluate
     op = opkit.get(name)
     if pass_ == "backward" and not op.graphs.differentiable:
         return None
@@ -761,8 +761,8 @@ def _torch_column(op, pass_, bound, attrs, dys, grads, layout, compiled: bool = 
     torch, _ = _torch()
     if torch is None or (dys is not None and len(dys) != 1):
         return None
-    from .bench_torch import torch_pass
-    from .dsl import named
+    from .torch_columns import torch_pass
+    from ..dsl import named
     x_arr, x_names = bound.values[op.spec.inputs[0].name]
     tensors, raw = {}, {}
     for name, (arr, names) in bound.values.items():
@@ -789,7 +789,7 @@ def _torch_column(op, pass_, bound, attrs, dys, grads, layout, compiled: bool = 
 # ------------------------------------------------------------------------------- reports
 
 def machine() -> Dict[str, object]:
-    from .target import current
+    from ..target import current
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as fh:
@@ -800,7 +800,7 @@ def machine() -> Dict[str, object]:
     except OSError:
         pass
     torch, _ = _torch()
-    from .config import get
+    from ..config import get
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": get("num_threads"),
             "target": current().describe(), "python": platform.python_version(),
             "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
@@ -861,7 +861,7 @@ def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="time kernels against the copy bandwidth, NumPy and PyTorch")
     b.add_argument("names", nargs="*", help="operators to time (default: the performance targets)")
     b.add_argument("--all", action="store_true", help="time every registered operator")
-    from .cli import add_path_option
+    from ..cli import add_path_option
     add_path_option(b)
     b.add_argument("--sizes", default="16,64K,4M",
                    help="elements per input, e.g. 16,64K,16M (16M: beyond every cache)")
@@ -905,7 +905,7 @@ def main(args) -> int:
         opkit.configure(num_threads=args.threads)
     torch, _ = _torch()
     if torch is not None:
-        from .config import get
+        from ..config import get
         torch.set_num_threads(get("num_threads"))
     rng = np.random.default_rng(0)
     info = machine()
@@ -936,7 +936,7 @@ def main(args) -> int:
         print("\n".join(notes))
     builds = None
     if args.build_times:
-        from .config import get
+        from ..config import get
         builds = build_times(get("num_threads"))
         for label, seconds, limit in (("cold", builds[0], 90.0), ("warm", builds[1], 2.0)):
             results.append(TargetResult(f"opkit build, {label} cache", "seconds (limit)", limit / seconds, 1.0))
