@@ -16,6 +16,8 @@ from typing import List, Optional
 
 from . import backend
 from ._version import __version__
+from ._options import add_path_option, attr_option
+from .bench import add_parser as add_bench_parser
 from .errors import BuildError, FusionWarning, SpecError
 
 
@@ -491,33 +493,6 @@ def _shape_option(text: str):
     return name, tuple(int(d) if d.isdigit() else d for d in parts)
 
 
-def attr_option(op, text: str):
-    """`alpha=0.1` -> ("alpha", 0.1), read as the attr's declared type."""
-    name, eq, value = text.partition("=")
-    attrs = {a.name: a for a in op.spec.attrs}
-    if not eq or name not in attrs:
-        known = ", ".join(attrs) or "none"
-        raise ValueError(f"--attr takes NAME=VALUE with NAME an attr of {op.name} ({known}), "
-                         f"got {text!r}")
-    typ = attrs[name].type
-    if typ == "str":
-        if attrs[name].choices and value not in attrs[name].choices:
-            raise ValueError(f"--attr {name}: expected one of {', '.join(attrs[name].choices)}, "
-                             f"got {value!r}")
-        return name, value
-    try:
-        if typ == "bool":
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(value)
-            return name, value.lower() in ("true", "1")
-        if value.lower() in ("none", "null"):
-            return name, None
-        return name, int(value) if typ == "int" else float(value)
-    except ValueError:
-        raise ValueError(f"--attr {name}: expected {'an integer' if typ == 'int' else 'a number'}"
-                         f", got {value!r}") from None
-
-
 def cmd_export(args) -> int:
     try:
         from .onnx import export
@@ -653,11 +628,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "x86-64-v3; the default), native (this CPU only), none, or a list")
     pk.add_argument("-j", "--jobs", type=int, default=0, help="parallel builds (default: all cores)")
     pk.set_defaults(func=cmd_package)
-    try:
-        from .bench import add_parser as add_bench
-        add_bench(sub)
-    except ImportError:
-        pass
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -673,11 +644,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         _report(args.command, exc)
         return 1
-
-
-def add_path_option(parser) -> None:
-    parser.add_argument("--path", action="append", default=[], metavar="DIR",
-                        help="load the operators of this folder or YAML file first (repeatable)")
 
 
 def _load_paths(args) -> None:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from opkit import bench
+from opkit.bench import sweep
 from opkit.cli import main
 
 
@@ -101,12 +102,12 @@ def _torch_column_case(name, layout, pass_, dtype="float64"):
     kw = dict(inputs, **attrs, layout=layout)
     if pass_ == "forward":
         b = bind(op.spec, {**inputs, **attrs}, layout, name)
-        return bench._torch_column(op, pass_, b, attrs, None, None, layout), op(**kw)
+        return sweep._torch_column(op, pass_, b, attrs, None, None, layout), op(**kw)
     dy = rng.standard_normal(bind(op.spec, {**inputs, **attrs}, layout, name).outputs["y"][1])
     dy = dy.astype(dtype)
     b = bind(op.spec, {**inputs, **attrs}, layout, name, [("dy", dy, "y")])
     grads = tuple(np.empty_like(inputs[n]) for n in op.spec.input_names)
-    return bench._torch_column(op, pass_, b, attrs, (dy,), grads, layout), op.backward(dy, **kw)
+    return sweep._torch_column(op, pass_, b, attrs, (dy,), grads, layout), op.backward(dy, **kw)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -135,7 +136,7 @@ def test_the_eager_column_writes_what_pytorchs_function_computes(name, repo):
     """The eager torch column calls aten's out= kernels: the same numbers as the torch.nn
     function and its autograd (an attr left at its default would show here)."""
     torch = pytest.importorskip("torch")
-    from opkit.bench_torch import torch_pass
+    from opkit.bench.torch_columns import torch_pass
     from opkit.spec import parse_spec
     from opkit.validate.cases import default_attrs
     path = repo / "examples" / "activations" / f"{name}.yaml"
@@ -184,15 +185,15 @@ def test_a_contender_slower_than_a_fifth_of_the_budget_is_timed_once():
 def test_all_goes_on_past_a_refused_case_and_predicts_numpys_time(monkeypatch):
     """A case the operator refuses is noted and left out; NumPy's column is left out where its
     time per element at the smaller size says one call would exceed the budget."""
-    real = bench._generic_row
+    real = sweep._generic_row
 
     def refuse_nhwc(name, layout, *args, **kw):
         if layout == "NHWC":
             raise ValueError("no NHWC today")
         return real(name, layout, *args, **kw)
-    monkeypatch.setattr(bench, "_generic_row", refuse_nhwc)
+    monkeypatch.setattr(sweep, "_generic_row", refuse_nhwc)
     notes = []
-    monkeypatch.setattr(bench, "NUMPY_LIMIT", 1e-7)
+    monkeypatch.setattr(sweep, "NUMPY_LIMIT", 1e-7)
     rows = bench.generic_rows(["leaky_relu"], [8192, 4096], ["float32"], ["ND", "NHWC"], ["forward"],
                               3, np.random.default_rng(0), budget=0.01, notes=notes)
     assert [r.case for r in rows] == ["leaky_relu forward ND 4K", "leaky_relu forward ND 8K"]
@@ -205,7 +206,7 @@ def test_a_generic_row_compares_round_by_round():
     """The generic rows keep their rounds: "vs copy" is the median of each round's ratio (a burst
     of load that slows both sides of one round cancels), the copy's rounds scaled like its
     median to this call's traffic."""
-    row = bench._generic_row("fused_bias_leaky_relu", "NHWC", 4096, "float32", "backward", 7,
+    row = sweep._generic_row("fused_bias_leaky_relu", "NHWC", 4096, "float32", "backward", 7,
                              np.random.default_rng(0), budget=None)
     opk, copy = row.rounds["opkit"], row.rounds["copy"]
     assert len(opk) == len(copy) == 7

@@ -292,7 +292,7 @@ def test_bundled_conv_operators_fuse_completely():
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_bench_cases_time_the_same_computation(layout):
     """What `opkit bench` compares computes one result: fused, unfused chain and PyTorch."""
-    from opkit.bench_conv import conv_bn_case, conv_bn_train_case
+    from opkit.bench.conv import conv_bn_case, conv_bn_train_case
     fns, _ = conv_bn_case((2, 8, 6, 5), 3, layout, np.random.default_rng(0))
     fused = fns["opkit"]()
     np.testing.assert_allclose(fused, fns["opkit unfused"](), rtol=1e-4, atol=1e-5)

@@ -7,13 +7,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from opkit import bench  # noqa: E402
+from opkit.bench import cases, targets  # noqa: E402
 
 
 def test_torch_cases_run_and_report_the_call_next_to_the_numpy_level_call():
     rng = np.random.default_rng(0)
     rows = []
-    for name, build in [("torch.ops.opkit.leaky_relu, 16 elements", lambda: bench._torch_call_case(16, rng)),
-                        ("torch.ops.opkit.leaky_relu fwd+bwd", lambda: bench._torch_autograd_case(64, rng))]:
+    for name, build in [("torch.ops.opkit.leaky_relu, 16 elements", lambda: cases.torch_call_case(16, rng)),
+                        ("torch.ops.opkit.leaky_relu fwd+bwd", lambda: cases.torch_autograd_case(64, rng))]:
         fns, nbytes = build()
         rounds = {}
         seconds = bench.timed(fns, 3, rounds=rounds, shuffle=rng)
@@ -36,8 +37,8 @@ def test_each_round_runs_in_a_new_order_when_shuffled():
 
 
 def test_a_case_without_what_it_compares_with_reports_its_targets_as_unknown(monkeypatch):
-    monkeypatch.setattr(bench, "TARGETS", [("absent", lambda r: None, (1,), "float32", "forward",
-                                            [("vs something", "torch", "opkit", 1.0)])])
+    monkeypatch.setattr(targets, "TARGETS", [("absent", lambda r: None, (1,), "float32", "forward",
+                                              [("vs something", "torch", "opkit", 1.0)])])
     rows, results = bench.run_targets(2, np.random.default_rng(0))
     assert rows == [] and len(results) == 1 and results[0].met is None
 
@@ -45,6 +46,6 @@ def test_a_case_without_what_it_compares_with_reports_its_targets_as_unknown(mon
 def test_a_case_can_ask_for_more_rounds(monkeypatch):
     case = ("tight", lambda r: ({"opkit": lambda: None, "torch": lambda: None}, 8), (1,), "float32",
             "forward", [("vs torch", "torch", "opkit", 1.0)], {"shuffle": True, "rounds": 7})
-    monkeypatch.setattr(bench, "TARGETS", [case])
+    monkeypatch.setattr(targets, "TARGETS", [case])
     rows, results = bench.run_targets(2, np.random.default_rng(0))
     assert [len(v) for v in rows[0].rounds.values()] == [7, 7] and results[0].ratio is not None

@@ -2,7 +2,7 @@
 LeakyReLU against PyTorch's eager chain in the same layout, against the same convolution without
 an epilogue, and against opkit's convolution followed by separate batch-norm and LeakyReLU
 passes; a 1 x 1 convolution (a pure GEMM); the training-mode operator forward + backward against
-PyTorch autograd."""
+PyTorch autograd. targets.py holds their targets (CONV_TARGETS)."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .harness import torch_modules
 
 # operators the comparison needs besides the bundled ones: the bare convolution (the same
 # fused call with nothing after it) and a separate batch-norm pass
@@ -52,11 +54,6 @@ def _helpers():
     return opkit.get("bench_conv2d"), opkit.get("bench_batch_norm")
 
 
-def _torch():
-    from .bench import _torch as torch_modules
-    return torch_modules()
-
-
 def _inputs(rng, shape, k, layout, dtype):
     n, c, h, w = shape
     x = rng.standard_normal(shape).astype(dtype)
@@ -97,7 +94,7 @@ def conv_bn_case(shape, k, layout, rng, dtype=np.float32):
         "opkit unfused": lambda: leaky(bn(conv(x, wt, padding=pad, layout=layout), g, b, m, v,
                                           layout=layout), alpha=0.2, layout=layout),
     }
-    torch, F = _torch()
+    torch, F = torch_modules()
     if torch is not None:
         fns["torch"] = _torch_chain(torch, F, x, wt, g, b, m, v, layout, pad)
     return fns, 2 * x.nbytes
@@ -117,7 +114,7 @@ def conv_bn_train_case(shape, k, layout, rng, dtype=np.float32):
         return op.backward((dy, zeros, zeros), x, wt, g, b, padding=pad, layout=layout)
 
     fns = {"opkit": opkit_step}
-    torch, F = _torch()
+    torch, F = torch_modules()
     if torch is not None:
         tx = torch.from_numpy(x)
         tdy = torch.from_numpy(dy)
@@ -134,22 +131,3 @@ def conv_bn_train_case(shape, k, layout, rng, dtype=np.float32):
             return torch.autograd.grad(y, leaves, tdy)
         fns["torch"] = torch_step
     return fns, 2 * x.nbytes
-
-
-CASE = (8, 64, 64, 64)
-# (case name, builder, shape, dtype, pass, target checks), as bench.TARGETS
-CONV_TARGETS = []
-for _layout in ("NHWC", "NCHW"):
-    CONV_TARGETS += [
-        (f"conv2d_bn_leaky_relu 3x3 {_layout} [8,64,64,64]",
-         (lambda L: lambda r: conv_bn_case(CASE, 3, L, r))(_layout), CASE, "float32", "forward",
-         [("vs torch eager chain (time <= 1.25x)", "torch", "opkit", 1 / 1.25),
-          ("epilogue cost (time <= 1.10x conv alone)", "opkit conv", "opkit", 1 / 1.10),
-          ("vs opkit conv + BN pass + LeakyReLU pass", "opkit unfused", "opkit", 1.2)]),
-        (f"conv2d_bn_leaky_relu 1x1 {_layout} [8,64,64,64]",
-         (lambda L: lambda r: conv_bn_case(CASE, 1, L, r))(_layout), CASE, "float32", "forward",
-         [("vs torch eager chain (reported)", "torch", "opkit", 0.0)]),
-        (f"conv2d_bn_train_leaky_relu 3x3 {_layout} fwd+bwd",
-         (lambda L: lambda r: conv_bn_train_case(CASE, 3, L, r))(_layout), CASE, "float32",
-         "forward+backward", [("vs torch autograd (reported)", "torch", "opkit", 0.0)]),
-    ]
