@@ -203,7 +203,7 @@ def _batch_dims(plan: Plan) -> Tuple[str, ...]:
 
 # bytes of the largest input per slice of a plan with reductions (Executor._row_split): each
 # pass after a reduction then reads what the pass before wrote from the 32 MB L3, not from
-# memory (4-8 MB measured best for softmax and layer_norm at 64 MB, docs/performance.md)
+# memory (2, 4 and 8 MB measured alike for softmax and layer_norm at 64 MB, docs/performance.md)
 ROW_SLICE_BYTES = 4 << 20
 
 
