@@ -286,8 +286,37 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    print("\n\n".join(_show(op, args.build) for op in _select([args.name])))
+    ops = _select([args.name])
+    if args.shape:
+        print("\n\n".join(_show_schedule(op, args) for op in ops))
+        return 0
+    print("\n\n".join(_show(op, args.build) for op in ops))
     return 0
+
+
+def _show_schedule(op, args) -> str:
+    """How a call on arrays of the given shapes runs, forward and backward: whole or in slices
+    (runtime/schedule.py). The arrays are allocated, never touched."""
+    import numpy as np
+    shapes = dict(_shape_option(t) for t in args.shape)
+    for name, shape in shapes.items():
+        if not all(isinstance(d, int) for d in shape):
+            raise ValueError(f"--shape {name}: give whole sizes, as {name}=16,128,128,64, got "
+                             f"{','.join(map(str, shape))}")
+    unknown = sorted(set(shapes) - set(op.spec.input_names))
+    missing = [i.name for i in op.spec.inputs if i.name not in shapes and not i.optional]
+    if unknown or missing:
+        raise ValueError(f"--shape: give NAME=D0,D1,... for each input of {op.name} "
+                         f"({', '.join(op.spec.input_names)})"
+                         + (f"; {', '.join(unknown)} is not one" if unknown else "")
+                         + (f"; missing {', '.join(missing)}" if missing else ""))
+    arrays = {name: np.empty(shape, args.dtype) for name, shape in shapes.items()}
+    attrs = dict(attr_option(op, t) for t in args.attr)
+    found = op.schedules(**arrays, **attrs, layout=args.layout)
+    given = ", ".join(f"{n}[{', '.join(map(str, a.shape))}]" for n, a in arrays.items())
+    out = [f"# {op.name} on {given} {args.dtype}" + (f" {args.layout}" if args.layout else "")]
+    out += [f"{kind}: {sched.describe()}" for kind, sched in found.items()]
+    return "\n".join(out)
 
 
 def _show(op, build: bool) -> str:
@@ -373,8 +402,8 @@ def _show(op, build: bool) -> str:
 
 
 def _slices_lines(plan) -> list:
-    """How a large call runs a plan with reductions: in slices, where (Executor._row_split)."""
-    from .runtime.execute import ROW_SLICE_BYTES, row_dims, row_split_bytes
+    """How a large call runs a plan with reductions: in slices, where (runtime/schedule.py)."""
+    from .runtime.schedule import ROW_SLICE_BYTES, row_dims, row_split_bytes
     dims = row_dims(plan)
     if not dims:
         return []
@@ -483,6 +512,8 @@ def cmd_doctor(args) -> int:
     checkup = opkit.torch.doctor(model, x, repeat=args.repeat)
     print(checkup)
     return 1 if checkup.actionable else 0
+
+
 def _shape_option(text: str):
     """`x=N,3,64,64` -> ("x", ("N", 3, 64, 64)); `x=` is a 0-d input."""
     name, eq, dims = text.partition("=")
@@ -584,6 +615,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     add_path_option(s)
     s.add_argument("--no-build", dest="build", action="store_false",
                    help="do not compile (no vectorization report)")
+    s.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="print how a call on inputs of these shapes runs, forward and backward "
+                        "(whole or in slices), instead of the report (repeatable, one per input)")
+    s.add_argument("--dtype", default="float32", help="with --shape: the inputs' dtype")
+    s.add_argument("--layout", default=None, help="with --shape: the call's layout")
+    s.add_argument("--attr", action="append", default=[], metavar="NAME=VALUE",
+                   help="with --shape: an attr of the call (repeatable)")
     s.set_defaults(func=cmd_show)
     v = sub.add_parser("validate", help="check compiled kernels against the NumPy reference")
     v.add_argument("names", nargs="*", help="operators, or YAML files or folders (default: all)")

@@ -731,8 +731,8 @@ def test_freq_in_slices_matches_the_reference(freq, monkeypatch, dtype, layout, 
     writes its own part of the outputs, broadcast operands stay whole, and the result is the
     whole call's. Slices are forced here on small inputs."""
     from opkit.config import get as setting
-    from opkit.runtime import execute
-    monkeypatch.setattr(execute, "SLICE_BYTES", 64)
+    from opkit.runtime import execute, schedule
+    monkeypatch.setattr(schedule, "SLICE_BYTES", 64)
     sliced = []
     real = execute.Executor._run_sliced
 
@@ -795,7 +795,7 @@ def test_only_plans_of_resampling_calls_and_elementwise_kernels_run_in_slices():
         for ex in opkit.get(name)._run_plans():
             if ex is not None:
                 want = ("N", "C") if name == "freq_leaky_relu" else ()
-                assert ex.batch_dims == want, (name, ex.plan.kind)
+                assert ex.facts.batch_dims == want, (name, ex.plan.kind)
 
 
 def test_freq_empty_inputs(freq):

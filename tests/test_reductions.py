@@ -446,7 +446,7 @@ def test_large_calls_run_in_slices_along_a_dim_every_reduction_keeps(monkeypatch
     (forced here on small inputs) along a dim the reductions keep: every output is the whole
     call's, to the bit where it spans that dim; a weight's gradient, summed over it, is added
     up across the slices in float64; the same bits on one thread and on two."""
-    from opkit.runtime import execute
+    from opkit.runtime import execute, schedule
     rng = np.random.default_rng(11)
     sliced = []
     real = execute.Executor._run_sliced
@@ -462,12 +462,12 @@ def test_large_calls_run_in_slices_along_a_dim_every_reduction_keeps(monkeypatch
         dy = rng.standard_normal(y.shape).astype(dtype)
         whole = [y, *o.backward(dy, *args, **attrs)]
         assert not sliced
-        monkeypatch.setattr(execute, "ROW_SLICE_BYTES", args[0].nbytes // 16)
+        monkeypatch.setattr(schedule, "ROW_SLICE_BYTES", args[0].nbytes // 16)
         runs = []
         for n in (1, 2):
             with opkit.config(num_threads=n):
                 runs.append([o(*args, **attrs), *o.backward(dy, *args, **attrs)])
-        monkeypatch.setattr(execute, "ROW_SLICE_BYTES", 4 << 20)
+        monkeypatch.setattr(schedule, "ROW_SLICE_BYTES", 4 << 20)
         assert [k for k, *_ in sliced] == ["forward", "backward"] * 2, (name, sliced)
         assert all(threads == 0 and step < args[0].shape[0] for *_, step, threads in sliced)
         sliced.clear()
@@ -484,16 +484,16 @@ def test_only_plans_of_reductions_and_kernels_may_run_in_slices():
     """The dims a plan runs in slices along: those every reduction keeps and no mean's gradient
     divides by; none for a plan with a library call other than a reduction (convolutions) or
     without reductions."""
-    from opkit.runtime import execute
+    from opkit.runtime import schedule
     want = {"softmax": ("N",), "log_softmax": ("N",), "logsumexp": ("N",),
             "layer_norm": ("H", "N", "W"), "rms_norm": ("H", "N", "W"),
             "pixel_norm": ("H", "N", "W"), "group_norm": ("G", "N"), "minibatch_stddev": ("M",)}
     for name, dims in want.items():
         for variant in op(name).variants:
             for ex in op(name)._run_plans(variant):
-                assert ex.row_dims == dims == execute.row_dims(ex.plan), (name, variant.label(), ex.plan.kind)
+                assert ex.facts.row_dims == dims == schedule.row_dims(ex.plan), (name, variant.label(), ex.plan.kind)
     for name in ("leaky_relu", "spatial_leaky_relu", "conv2d_bn_train_leaky_relu"):
-        assert all(ex.row_dims == () for ex in opkit.get(name)._run_plans() if ex is not None)
+        assert all(ex.facts.row_dims == () for ex in opkit.get(name)._run_plans() if ex is not None)
 
 
 def test_row_loops_take_per_pixel_statistics_beside_a_per_channel_weight():
@@ -556,7 +556,7 @@ def test_a_clipped_backward_runs_in_slices_only_without_sums_across_them(monkeyp
     """Gradient clipping clamps each output as it is written: a slice's clamped share of a
     weight's gradient would not add up to the clamped sum, so such a call runs whole; softmax's
     clipped dx (no sum across slices) still runs in slices. Both give the whole call's bits."""
-    from opkit.runtime import execute
+    from opkit.runtime import execute, schedule
     rng = np.random.default_rng(19)
     x = rng.uniform(-3, 3, (6, 5, 4, 9))
     w, b = rng.uniform(-2, 2, 9), rng.uniform(-2, 2, 9)
@@ -572,7 +572,7 @@ def test_a_clipped_backward_runs_in_slices_only_without_sums_across_them(monkeyp
         sliced.append(self.plan.kind)
         return real(self, *args, **kw)
     monkeypatch.setattr(execute.Executor, "_run_sliced", spy)
-    monkeypatch.setattr(execute, "ROW_SLICE_BYTES", 64)
+    monkeypatch.setattr(schedule, "ROW_SLICE_BYTES", 64)
     for name, f in calls.items():
         got = f()
         assert sliced == ([] if name == "layer_norm" else ["backward"]), (name, sliced)

@@ -22,6 +22,8 @@ from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, comp
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides, walk_dims
 from .reductions import compiled_reduction
+from .schedule import (WHOLE, ArrayLayout, ExecSchedule, Settings, execution_schedule, plan_facts,
+                       summed_for_outputs)
 from ..kinds import Layout, Op, Pass
 
 Array = Tuple[np.ndarray, Tuple[str, ...]]   # an array and the dim names of its axes
@@ -178,82 +180,6 @@ class _State:
     final: Dict[Value, Array]          # outputs later steps read in the compute type instead
 
 
-# input bytes per slice of a resampling plan (see Executor._split): its intermediates, the
-# signal upsampled and spectra, stay within a 2 MB L2
-SLICE_BYTES = 1 << 20
-
-
-def _batch_dims(plan: Plan) -> Tuple[str, ...]:
-    """The dims (of N, C) a plan worth running in slices treats one slice at a time: it has a
-    library call that says so (`LibraryPrimitive.mixes`: a DFT resampling), none of those mixes
-    values along them, and nothing else but elementwise kernels and sum_tos (checked per call)
-    runs. Empty for every other plan."""
-    along = set()
-    slicing = False
-    for s in plan.steps:
-        mixes = LIBRARY[s.prim].mixes if isinstance(s, LibCall) else None
-        if mixes is not None:
-            along.update(mixes(s.params))
-            slicing = True
-        elif not (isinstance(s, Kernel) and not s.sums
-                  or isinstance(s, LibCall) and s.prim == Op.SUM_TO):
-            return ()
-    return tuple(d for d in ("N", "C") if slicing and d not in along)
-
-
-# bytes of the largest input per slice of a plan with reductions (Executor._row_split): each
-# pass after a reduction then reads what the pass before wrote from the 32 MB L3, not from
-# memory (2, 4 and 8 MB measured alike for softmax and layer_norm at 64 MB, docs/performance.md)
-ROW_SLICE_BYTES = 4 << 20
-
-
-def row_split_bytes() -> int:
-    """A plan with reductions runs in slices when its largest input has this much or more
-    (`opkit show` says so): four slices."""
-    return 4 * ROW_SLICE_BYTES
-
-
-def row_dims(plan: Plan) -> Tuple[str, ...]:
-    """The dims a plan with reductions may run slice by slice along: those every reduction of
-    the plan keeps, that no mean's gradient divides by (`share`), where the plan has nothing
-    but kernels, reductions and sum_tos (a sum_to over the dim is added up across the slices:
-    checked per call, Executor._partial_outputs). Empty for plans without reductions."""
-    keep: Optional[set] = None
-    excluded: set = set()
-    terminal = _summed_for_outputs(plan)
-    for s in plan.steps:
-        if isinstance(s, Kernel):
-            if s.dims is None:
-                return ()
-            calls = [c for c in s.sums if c.prim != Op.SUM_TO and c.result not in terminal]
-        elif isinstance(s, LibCall) and (s.prim in (Op.SUM, Op.MEAN) or s.prim in COMPILED_REDUCTIONS):
-            calls = [s]
-        elif isinstance(s, LibCall) and s.prim == Op.SHARE:
-            excluded.update(s.params[0])
-            continue
-        elif isinstance(s, LibCall) and s.prim == Op.SUM_TO:
-            continue
-        else:
-            return ()
-        for c in calls:
-            keep = set(c.params[0]) if keep is None else keep & set(c.params[0])
-    return tuple(sorted(keep - excluded)) if keep else ()
-
-
-def _summed_for_outputs(plan: Plan) -> set:
-    """The temps a sum folded into a kernel writes that nothing but sum_tos into outputs read
-    (a weight's gradient, summed over N, H and W): they are kept in float64, as added up, for
-    the sum_to, and a plan in slices adds them up across its slices."""
-    readers: Dict[Value, list] = {}
-    for s in plan.steps:
-        for v in s.reads:
-            readers.setdefault(v, []).append(s)
-    return {c.result for s in plan.steps if isinstance(s, Kernel) for c in s.sums
-            if c.prim == Op.SUM and c.result in readers
-            and all(isinstance(r, LibCall) and r.prim == Op.SUM_TO and r.result.kind is Kind.OUTPUT
-                    for r in readers[c.result])}
-
-
 class Executor:
     """A plan plus what the runtime precomputes about it once."""
 
@@ -284,13 +210,9 @@ class Executor:
                     self.folded.setdefault(c.args[0], []).append(c)
         # outputs that steps after the one writing them read (a batch mean the normalization uses)
         self.reread = {v for v, readers in self.readers.items() if v.kind is Kind.OUTPUT}
-        self.batch_dims = _batch_dims(plan)
-        self.row_dims = () if self.batch_dims else row_dims(plan)
-        self.wide = _summed_for_outputs(plan)
-        # outputs a sum_to writes (a weight's gradient): a plan in slices may add them up
-        self.summed_to = {c.result for s in plan.steps
-                          for c in ((s,) if isinstance(s, LibCall) else getattr(s, "sums", ()))
-                          if c.prim == Op.SUM_TO and c.result.kind is Kind.OUTPUT}
+        self.wide = summed_for_outputs(plan)
+        self.facts = plan_facts(plan)
+        self._schedules: Dict[tuple, ExecSchedule] = {}  # the schedule per layout and settings
 
     def run(self, bound: Bound, module, out_arrays: Dict[Value, np.ndarray],
             out_dtypes: Dict[Value, np.dtype], like: Dict[Value, Array],
@@ -298,80 +220,30 @@ class Executor:
         """`out_arrays`: caller-given outputs; `like`: (array, names) each output takes its layout
         from; `clip`: clamp every result to [-clip, clip] (backward: gradient clipping), inside
         the kernel that writes it when nothing reduces it afterwards."""
-        split = self._split(bound, like)
-        if split is not None:
-            return self._run_sliced(*split, bound, module, out_arrays, out_dtypes, like, clip)
-        rows = self._row_split(bound, like, clip)
-        if rows is not None:
-            d, step, partial = rows
-            return self._run_sliced(d, step, 0, bound, module, out_arrays, out_dtypes, like, clip,
-                                    partial)
+        sched = self.schedule(bound, like, clip)
+        if sched.slices is not None:
+            sl = sched.slices
+            return self._run_sliced(sl.dim, sl.length, sl.threads, bound, module, out_arrays,
+                                    out_dtypes, like, clip, sl.partial)
         return self._run_whole(bound, module, out_arrays, out_dtypes, like, clip)
 
-    def _split(self, bound: Bound, like: Dict[Value, Array]) -> Optional[Tuple[str, int, int]]:
-        """(dim, slice length, threads) to run a resampling plan in slices, or None for one run.
-
-        A DFT resampling's intermediates (four times the input for up=2, and their spectra)
-        outgrow the caches, and every pass of the transforms then goes to memory. Slices of about
-        SLICE_BYTES of input keep them in L2, one slice per thread, each transform on one thread."""
-        if not self.batch_dims:
-            return None
-        biggest = max((arr.nbytes for arr, _ in bound.values.values()), default=0)
-        if biggest < 4 * SLICE_BYTES:
-            return None
-        threads = max(1, setting("num_threads"))
-        for d in self.batch_dims:
-            n = bound.sizes.get(d, 1)
-            if n < 2 * threads or self._partial_outputs(d, n, like) != ():
-                continue   # (an output, or a sum_to's target, shorter along d)
-            return d, max(1, min(n // (2 * threads), int(SLICE_BYTES * n // biggest))), threads
-        return None
-
-    def _row_split(self, bound: Bound, like: Dict[Value, Array],
-                   clip: Optional[float]) -> Optional[Tuple[str, int, Tuple[Value, ...]]]:
-        """(dim, slice length, outputs added up across slices) to run a plan with reductions
-        in slices, or None for one run.
-
-        Each pass of such a plan reads what the one before wrote (a row max, the exponentials
-        and their sum, the quotient): over a large array every pass goes to memory. A slice of
-        about ROW_SLICE_BYTES of its largest input keeps them in cache. Slices run one after
-        another, each on every thread; the slicing depends on the shapes alone, so results do
-        not depend on the number of threads. The dim: the outermost in memory of the largest
-        input among those the reductions keep (`row_dims`) whose slices come near that size."""
-        if not self.row_dims:
-            return None
-        big, names = max(bound.values.values(), key=lambda v: v[0].nbytes,
-                         default=(np.empty(0), ()))
-        if big.nbytes < row_split_bytes():
-            return None
-        dims = sorted((d for d in self.row_dims if d in names and big.shape[names.index(d)] > 1),
-                      key=lambda d: -abs(big.strides[names.index(d)]))
-        for d in dims:
-            n = big.shape[names.index(d)]
-            step = max(1, ROW_SLICE_BYTES * n // big.nbytes)
-            if big.nbytes * step // n > 2 * ROW_SLICE_BYTES and d != dims[-1]:
-                continue   # too few along d for slices in cache: a dim further in
-            partial = self._partial_outputs(d, n, like)
-            if partial is None or (partial and clip is not None):
-                return None  # (clipped per slice, a sum across slices would not be)
-            return d, step, partial
-        return None
-
-    def _partial_outputs(self, d: str, n: int,
-                         like: Dict[Value, Array]) -> Optional[Tuple[Value, ...]]:
-        """The outputs that do not run the whole length n along d: each a sum_to's result (a
-        weight's gradient, shaped like its input, the sum_to's target), which slices along d
-        add up in float64 across the slices. None when some other output is shorter along d,
-        or a later step reads such a sum."""
-        partial = []
-        for _, vid in self.plan.outputs:
-            arr, names = like[vid]
-            if d in names and arr.shape[names.index(d)] == n:
-                continue
-            if vid not in self.summed_to or vid in self.reread:
-                return None
-            partial.append(vid)
-        return tuple(partial)
+    def schedule(self, bound: Bound, like: Dict[Value, Array],
+                 clip: Optional[float] = None) -> ExecSchedule:
+        """How this call runs (runtime/schedule.py), found once per layout and settings."""
+        if not self.facts.may_slice:
+            return ExecSchedule(None, max(1, setting("num_threads")), WHOLE)
+        settings = Settings.now(setting("num_threads"), clip is not None)
+        key = (tuple((a.shape, a.strides, a.itemsize, nm) for a, nm in bound.values.values()),
+               tuple((a.shape, nm) for a, nm in like.values()), settings)
+        found = self._schedules.get(key)
+        if found is None:
+            found = execution_schedule(
+                self.facts, [ArrayLayout(a.shape, nm, a.strides, a.nbytes)
+                             for a, nm in bound.values.values()],
+                {vid: ArrayLayout(a.shape, nm) for vid, (a, nm) in like.items()},
+                bound.sizes, settings)
+            _remember(self._schedules, key, found)
+        return found
 
     def _run_sliced(self, d: str, step: int, threads: int, bound: Bound, module, out_arrays,
                     out_dtypes, like, clip, partial: Tuple[Value, ...] = ()) -> Dict[str, np.ndarray]:

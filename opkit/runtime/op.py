@@ -24,6 +24,8 @@ from ..lower import Fused, Lowered, Value, lower
 from ..spec.model import OpSpec
 from .bind import Bound, bind, split_args
 from .execute import Executor
+from .schedule import ExecSchedule
+from ..kinds import Pass
 from .scalars import check_scalars
 
 
@@ -359,6 +361,25 @@ class Op:
             results[vid.name] = arr  # the caller's own object, whatever its type
         values = tuple(results[o.name] for o in self.spec.outputs)
         return values[0] if len(values) == 1 else values
+
+    def schedules(self, *args, layout: Optional[str] = None, clip: Optional[float] = None,
+                  **kwargs) -> Dict[Pass, ExecSchedule]:
+        """How a forward call on these arrays, and the backward call after it, run
+        (runtime/schedule.py: whole, or in slices along a dim), without running them. Only the
+        arrays' shapes, strides and dtypes are read (`opkit show NAME --shape ...`)."""
+        where = f"{self.name}.schedules()"
+        bound = self._prepare(args, kwargs, layout, None, where)
+        variant = self._variant(bound)
+        fwd, bwd = self._run_plans(variant)
+        found = {Pass.FORWARD: fwd.schedule(bound, self._like(bound))}
+        if bwd is not None and dtype_name(bound.dtype) not in INT_DTYPES:
+            cots = {f"d{name}": np.empty(shape, bound.dtype)   # (never written: not touched)
+                    for name, (_, shape, _) in bound.outputs.items()}
+            grad = self._prepare(args, {**kwargs, **cots}, layout, None, where,
+                                 [(f"d{o.name}", o.name) for o in self.spec.outputs])
+            found[Pass.BACKWARD] = bwd.schedule(grad, self._grad_targets(grad, variant)[1],
+                                                check_clip(clip, where))
+        return found
 
     def backward(self, dy, *args, out: Optional[tuple] = None, layout: Optional[str] = None,
                  precision_mode: Optional[str] = None, clip: Optional[float] = None, **kwargs) -> Tuple:
