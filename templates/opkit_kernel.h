@@ -39,11 +39,12 @@ typedef const int32_t *__restrict opk_cip;
 typedef int64_t *__restrict opk_lp;
 typedef const int64_t *__restrict opk_clp;
 
-/* The storage dtype codes (OPK_F16 ...) and OPK_MAXOPS come from opkit itself: the generated
- * module and the runtime's source define them (opkit/codegen/render.py: header_defines) before
- * this header. */
-#if !defined(OPK_F16) || !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK) || \
-    !defined(OPK_LANE_BYTES)
+/* The ABI (opkit/abi.py: the storage dtype codes OPK_F16 ..., OPK_CSIZE, the geometry array's
+ * fields OPK_G_*, the float32 bounds) and the lowering's limits (OPK_MAXOPS ...) come from opkit
+ * itself: the generated module and the runtime's source define them (opkit/abi.py: c_defines)
+ * before this header. */
+#if !defined(OPK_F16) || !defined(OPK_CSIZE) || !defined(OPK_G_SHAPE) || !defined(OPK_F32_OVERFLOW) || \
+    !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK) || !defined(OPK_LANE_BYTES)
 #error "opkit_kernel.h is included by opkit's generated modules and its runtime source, which define the dtype codes"
 #endif
 
@@ -62,20 +63,19 @@ static inline int64_t opk_qmul_l(int64_t x, int64_t m, int bits)
 
 /* ---------------------------------------------------------------- attrs rounded to float */
 
-/* A finite double rounds to float infinity from FLT_MAX + half an ulp (2^103) up (the tie goes
- * to the even neighbour, which is infinity); a nonzero one rounds to zero at or below half the
- * smallest subnormal, 2^-150. Written as comparisons, so no out-of-range conversion happens;
- * the runtime's check (opkit/runtime/scalars.py) uses the same bounds. */
+/* A finite double rounds to float infinity from OPK_F32_OVERFLOW up and a nonzero one to zero
+ * at or below OPK_F32_VANISH (opkit/abi.py, which the runtime's check reads too). Written as
+ * comparisons, so no out-of-range conversion happens. */
 static inline int opk_overflows_f(double v)
 {
     double a = v < 0 ? -v : v;
-    return a >= 0x1.ffffffp+127 && a <= 0x1.fffffffffffffp+1023;
+    return a >= OPK_F32_OVERFLOW && a <= 0x1.fffffffffffffp+1023;
 }
 
 static inline int opk_vanishes_f(double v)
 {
     double a = v < 0 ? -v : v;
-    return a > 0 && a <= 0x1p-150;
+    return a > 0 && a <= OPK_F32_VANISH;
 }
 
 /* ---------------------------------------------------------------- float16, portable and exact */
@@ -650,9 +650,8 @@ static inline void opk_store_l(char *dst, Py_ssize_t stride, int code, const int
     }
 }
 
-/* loads and stores by compute type code: the walkers handle every kernel instance alike */
-#define OPK_CSIZE(c) ((c) == OPK_F64 || (c) == OPK_I64 ? 8 : 4)
-
+/* loads and stores by compute type code (OPK_CSIZE(c): its bytes, opkit/abi.py): the walkers
+ * handle every kernel instance alike */
 static inline void opk_load_c(int ccode, char *dst, const char *src, Py_ssize_t stride, int code,
                               Py_ssize_t n)
 {
@@ -861,14 +860,14 @@ typedef struct {
     uint64_t discard;          /* bit o: output operand o is not stored (only a folded sum reads it) */
 } opk_kernel;
 
-/* geometry, built by opkit/runtime/geometry.py as an intp array:
+/* geometry, built by opkit/runtime/geometry.py as an intp array (its fields: opkit/abi.py's
+ * GEOMETRY_HEAD, indexed as OPK_G_NDIM ...):
  *   [ndim, nops, nout, tdim, ccode, shape[ndim], strides[nops][ndim] (bytes), codes[nops]]
  * the last dim is the one the outputs are contiguous along; ndim >= 1. With tdim >= 0 the
  * walk goes in blocks of OPK_BLOCK_O x OPK_BLOCK_I over the last dim and dim tdim (along which
  * the inputs are contiguous): rows along tdim are computed into a block buffer in the compute
  * type (ccode) and the buffer is transposed into the outputs, with streaming stores when the
  * outputs are memory the caller gave. Work units are elements, or blocks. */
-enum { OPK_G_NDIM, OPK_G_NOPS, OPK_G_NOUT, OPK_G_TDIM, OPK_G_CCODE, OPK_G_SHAPE };
 
 static inline Py_ssize_t opk_cdiv(Py_ssize_t a, Py_ssize_t b) { return (a + b - 1) / b; }
 
@@ -1963,7 +1962,8 @@ OPK_RT_FN int opk_walk(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t *g, c
 
 /* How many threads run `total` elements when `available` may: one below the threshold (an
  * OpenMP region costs about 2 us to open), never fewer than 1024 elements a thread, at most
- * `max_threads` (0: no limit). The one place this rule lives. */
+ * `max_threads` (0: no limit). The rule of every element kernel, in this one place (a fused
+ * convolution's threads: opkit/runtime/schedule.py, fused_threads). */
 static inline int opk_threads(Py_ssize_t total, int available, Py_ssize_t threshold, int max_threads)
 {
     if (total < threshold || total < 2 || available <= 1) return 1;

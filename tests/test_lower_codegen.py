@@ -513,3 +513,29 @@ def test_every_vector_function_has_its_listing_sequence():
         assert f"; {TBE[prim].cost:g} vector instructions:" in head
         steps = text[text.index(head) + 1:text.index(head) + 1 + len(SEQUENCES[TBE[prim].vector])]
         assert all(line.startswith("  ") for line in steps), steps
+
+
+def test_the_kernel_abi_is_written_once_in_python():
+    """opkit/abi.py is the one source of the dtype codes, the compute sizes, the geometry
+    array's fields and the float32 bounds: the headers define none of them themselves, and
+    every module and the runtime get them from c_defines."""
+    import re
+
+    import numpy as np
+    from opkit import abi
+    from opkit._paths import templates_dir
+    from opkit.codegen.render import header_defines, runtime_source
+    defined = [re.match(r"#define (\w+)", line).group(1) for line in abi.c_defines({})]
+    assert {"OPK_F16", "OPK_BF16", "OPK_CSIZE", "OPK_G_SHAPE", "OPK_F32_OVERFLOW"} <= set(defined)
+    for header in Path(templates_dir()).glob("*.h"):
+        text = header.read_text()
+        for name in defined:
+            assert not re.search(rf"#define\s+{name}\b|enum\s*{{[^}}]*\b{name}\b", text), (header.name, name)
+    assert all(line in runtime_source() for line in header_defines())
+    for dt, ct in abi.COMPUTE.items():
+        assert all(abi.compute_dtype(s) == dt for s in ct.serves)
+        assert ct.size == np.dtype(dt).itemsize
+    assert sorted(s for ct in abi.COMPUTE.values() for s in ct.serves) == sorted(abi.DTYPE_CODES)
+    assert float(np.float32(abi.FLOAT32_OVERFLOW)) == np.inf
+    assert float(np.float32(np.nextafter(abi.FLOAT32_OVERFLOW, 0))) < np.inf
+    assert np.float32(abi.FLOAT32_VANISH) == 0 and np.float32(np.nextafter(abi.FLOAT32_VANISH, 1)) > 0

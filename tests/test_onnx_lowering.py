@@ -7,7 +7,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 import opkit  # noqa: E402
-from opkit.dsl import LIBRARY, PRIMITIVES, build_graphs  # noqa: E402
+from opkit.dsl import PRIMITIVES, build_graphs  # noqa: E402
 from opkit.onnx import ExportError, export  # noqa: E402
 from opkit.onnx.lowering import missing  # noqa: E402
 from opkit.runtime import Op  # noqa: E402

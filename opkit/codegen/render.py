@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .._paths import templates_dir
+from ..abi import COMPUTE, DTYPE_CODES, ComputeType, ConvProblem, c_defines
 from .._version import __version__
 from ..dsl.graph import OpGraphs
 from ..dsl.variants import Variant
@@ -33,38 +34,6 @@ from ..target import Target
 from ..kinds import Layout, Op, Pass, ValueKind
 
 
-@dataclass(frozen=True)
-class ComputeType:
-    tag: str        # suffix of generated functions
-    type: str       # C type
-    ptr: str
-    cptr: str
-    code: str       # the dtype code of this type (DTYPE_CODES)
-    libm: str       # libm suffix: expf vs exp
-    storage: str    # the storage dtypes it serves, as a C condition on `dcode`
-    size: int       # bytes
-
-    @property
-    def integer(self) -> bool:
-        return self.type.startswith("int")
-
-
-COMPUTE = {
-    "float32": ComputeType("f", "float", "opk_fp", "opk_cfp", "OPK_F32", "f",
-                           "dcode == OPK_F32 or dcode == OPK_F16 or dcode == OPK_BF16", 4),
-    "float64": ComputeType("d", "double", "opk_dp", "opk_cdp", "OPK_F64", "", "dcode == OPK_F64", 8),
-    "int32": ComputeType("i", "int32_t", "opk_ip", "opk_cip", "OPK_I32", "",
-                         "dcode == OPK_I8 or dcode == OPK_I16", 4),
-    "int64": ComputeType("l", "int64_t", "opk_lp", "opk_clp", "OPK_I64", "", "dcode == OPK_I32", 8),
-}
-# The dtype codes the kernels and the runtime share; the generated module defines them for
-# templates/opkit_kernel.h, so this table is the only place they are written.
-DTYPE_CODES = {"float16": 1, "float32": 2, "float64": 3, "int8": 4, "int16": 5, "int32": 6, "int64": 7,
-               "bfloat16": 8}
-# ... under these names in C
-CODE_NAMES = {"float16": "OPK_F16", "float32": "OPK_F32", "float64": "OPK_F64", "int8": "OPK_I8",
-              "int16": "OPK_I16", "int32": "OPK_I32", "int64": "OPK_I64", "bfloat16": "OPK_BF16"}
-TAG_CODES = {ct.tag: DTYPE_CODES[dt] for dt, ct in COMPUTE.items()}
 _DOUBLE = COMPUTE["float64"]
 _COMPARE_C = {"==": "==", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
 
@@ -577,6 +546,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         directs=directs, defines=header_defines(), fused=fused, reduces=reduces,
+        conv_fields=", ".join(f"cv.{f}" for f in ConvProblem._fields),
         math_functions=[declaration(f) for f in MATH_FUNCTIONS],
         blas=_printable(lib.describe()) if lib is not None else "")
 
@@ -584,9 +554,8 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
 def header_defines() -> List[str]:
     """The constants templates/opkit_kernel.h takes from opkit, as C #define lines: the same in
     every module and in the runtime they link."""
-    consts = dict({CODE_NAMES[d]: c for d, c in DTYPE_CODES.items()}, OPK_MAXOPS=MAX_OPERANDS,
-                  OPK_MAXACC=MAX_SUMS, OPK_ACC_CHUNK=SUM_CHUNK, OPK_LANE_BYTES=LANE_BYTES)
-    return [f"#define {name} {value}" for name, value in consts.items()]
+    return c_defines(dict(OPK_MAXOPS=MAX_OPERANDS, OPK_MAXACC=MAX_SUMS, OPK_ACC_CHUNK=SUM_CHUNK,
+                          OPK_LANE_BYTES=LANE_BYTES))
 
 
 def runtime_source() -> str:

@@ -13,7 +13,7 @@ from ..spec.model import OpSpec
 from .epilogue import fuse_epilogues
 from .fuse import fuse
 from .integer import check_integer, quantized
-from .reduce import MAX_SUMS, SUM_CHUNK, fold_sums
+from .reduce import fold_sums
 from .listing import Cost, compute_dtype, cost, listing
 from .plan import (LOAD, Attr, Const, Fused, FusionNote, Instr, Kernel, Kind, LibCall, Plan, Reg,
                    Schedule, Stat, Value)

@@ -7,20 +7,8 @@ from typing import Dict, List
 from .tbe import EXPANSIONS, SEQUENCES, TBE
 from .integer import fixed_point_factor
 from .plan import LOAD, Attr, Const, Kernel, Reg
+from ..abi import STORAGE_BY_NAME, compute_dtype
 from ..kinds import Op
-
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4,
-             "int64": 8}
-_TBE_TYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "int8": "s8", "int16": "s16",
-             "int32": "s32", "int64": "s64"}
-_COMPUTE = {"float16": "float32", "bfloat16": "float32", "int8": "int32", "int16": "int32",
-            "int32": "int64"}
-
-
-def compute_dtype(dtype: str) -> str:
-    """float16 and bfloat16 are computed in float32 and rounded once on store; int8 and int16
-    in int32, int32 in int64, saturated on store."""
-    return _COMPUTE.get(dtype, dtype)
 
 
 def _text(operand, names) -> str:
@@ -35,8 +23,8 @@ def _text(operand, names) -> str:
 def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[str]:
     """One line per vector instruction, `mnemonic dst, src...`, for one storage dtype. `quant`:
     the attrs stored as fixed point (name -> bits), used by integer dtypes."""
-    ct = _TBE_TYPE[compute_dtype(dtype)]
-    st = _TBE_TYPE[dtype]
+    ct = STORAGE_BY_NAME[compute_dtype(dtype)].tbe
+    st = STORAGE_BY_NAME[dtype].tbe
     integer = dtype.startswith("int")
     lines: List[str] = []
     names: Dict[Reg, str] = {}   # a loaded register is shown by its array's name
@@ -149,8 +137,8 @@ def cost(kernel: Kernel, dtype: str, vector_bytes: int) -> Cost:
     ops = sum(TBE[i.op].cost for i in kernel.body if i.op != LOAD and i not in once)
     if dtype in ("float16", "bfloat16"):
         ops += len(kernel.operands)  # one conversion per load and store
-    lanes = max(vector_bytes // _ITEMSIZE[compute_dtype(dtype)], 1)
+    lanes = max(vector_bytes // STORAGE_BY_NAME[compute_dtype(dtype)].itemsize, 1)
     # a folded sum: an add into its float64 partials, after a conversion unless float64 already
     ops += (1 if compute_dtype(dtype) == "float64" else 2) * len(kernel.sums)
     moved = len(kernel.operands) - len(kernel.discarded)
-    return Cost(ops, _ITEMSIZE[dtype] * moved, lanes)
+    return Cost(ops, STORAGE_BY_NAME[dtype].itemsize * moved, lanes)

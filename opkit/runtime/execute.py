@@ -22,8 +22,9 @@ from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, comp
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides, walk_dims
 from .reductions import compiled_reduction
-from .schedule import (WHOLE, ArrayLayout, ExecSchedule, Settings, execution_schedule, plan_facts,
-                       summed_for_outputs)
+from .schedule import (WHOLE, ArrayLayout, ExecSchedule, Settings, execution_schedule,
+                       fused_threads, plan_facts, summed_for_outputs)
+from ..abi import ConvProblem
 from ..kinds import Layout, Op, Pass
 
 Array = Tuple[np.ndarray, Tuple[str, ...]]   # an array and the dim names of its axes
@@ -37,8 +38,7 @@ def _instance(dtype: np.dtype) -> Tuple[str, np.dtype]:
 
 
 def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.dtype):
-    """A fused call as the convolution the C code runs: (N, C, H, W, O, KH, KW, OH, OW, stride,
-    padding, nhwc), x with its byte strides over (N, C, H, W) and dtype code, the weights packed
+    """A fused call as the convolution the C code runs: its ConvProblem, x with its byte strides over (N, C, H, W) and dtype code, the weights packed
     in the compute type, the names of the output's (N, O, OH, OW) axes, and the order the
     result is stored in. A 2-d matmul [M, K] @ [K, C] is the 1 x 1 convolution of an image of
     M rows and one column."""
@@ -54,7 +54,7 @@ def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.d
         oh, ow = conv_size(sizes[2], kh, s, p), conv_size(sizes[3], kw, s, p)
         nhwc = bound.layout is Layout.NHWC
         pack = wv.transpose(2, 3, 1, 0).reshape(kh * kw * c, o) if nhwc else wv.reshape(o, -1)
-        dims = (sizes[0], sizes[1], sizes[2], sizes[3], o, kh, kw, oh, ow, s, p, int(nhwc))
+        conv = ConvProblem(sizes[0], sizes[1], sizes[2], sizes[3], o, kh, kw, oh, ow, s, p, int(nhwc))
         phys = physical(out_dims, bound.layout, True)
         axes = out_dims
     else:  # einsum [M, K] @ [K, C]
@@ -64,12 +64,12 @@ def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.d
         b = named.expand_to(*env[call.args[1]], b_dims)
         (m, k), cn = a.shape, b.shape[1]
         x, xn, xs = a, a_dims, (0, a.strides[1] if k > 1 else 0, a.strides[0] if m > 1 else 0, 0)
-        dims = (1, k, m, 1, cn, 1, 1, m, 1, 1, 0, 1)
+        conv = ConvProblem(N=1, C=k, H=m, W=1, O=cn, KH=1, KW=1, OH=m, OW=1, stride=1, pad=0, nhwc=1)
         pack, phys, axes = b, out_dims, (None, out_dims[1], out_dims[0], None)
     code = DTYPE_CODES.get(dtype_name(x.dtype))
-    if code is None or 0 in (dims[0], dims[1], dims[4], dims[7], dims[8]):
+    if code is None or conv.empty:
         return None  # nothing to multiply: the parts (NumPy) give the empty or zero result
-    return (dims, x, xs, code, np.ascontiguousarray(pack, dtype=compute), axes, phys)
+    return (conv, x, xs, code, np.ascontiguousarray(pack, dtype=compute), axes, phys)
 
 
 def _number(arg, bound: Bound):
@@ -474,7 +474,7 @@ class Executor:
         problem = _problem(step.call, st.env, st.bound, st.temp_dtype)
         if problem is None:
             return False
-        dims, x, xs, xcode, wpack, axes, phys = problem
+        conv, x, xs, xcode, wpack, axes, phys = problem
         env, result = st.env, step.call.result
         shape = tuple(st.bound.sizes.get(n, 1) for n in phys)
         k = step.epilogue
@@ -509,13 +509,12 @@ class Executor:
         if k is not None and st.clip is not None and self.plan.kind == Pass.BACKWARD:
             clips = tuple((-st.clip, st.clip) if v.kind is Kind.OUTPUT else (-np.inf, np.inf)
                           for v in k.outputs)
-        sums = np.zeros((len(step.stats), dims[4]), np.float64)
+        sums = np.zeros((len(step.stats), conv.O), np.float64)
         controls = thread_controls()
-        # GEMMs of several threads at once need BLAS held to one thread (thread_controls)
-        nthreads = setting("num_threads") if all(controls) and dims[0] * dims[7] * dims[8] >= 64 else 1
-        fn(dims, x, xs, xcode, wpack, tuple(arrays), tuple(strides), tuple(codes), slot, sums,
-           eattrs, sattrs, nthreads, controls, clips)
-        count = dims[0] * dims[7] * dims[8]
+        nthreads = fused_threads(conv, setting("num_threads"), all(controls))
+        fn(tuple(conv), x, xs, xcode, wpack, tuple(arrays), tuple(strides), tuple(codes), slot,
+           sums, eattrs, sattrs, nthreads, controls, clips)
+        count = conv.pixels
         for s, total in zip(step.stats, sums):
             with np.errstate(invalid="ignore", divide="ignore"):  # an empty mean is NaN
                 mean = (total / count, (step.channel,))

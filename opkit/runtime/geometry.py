@@ -11,6 +11,8 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from ..abi import GEOMETRY_HEAD
+
 
 # A transposing walk pays off when an input runs against the output's order for a while.
 _MIN_TRANSPOSE = 8
@@ -29,8 +31,8 @@ def walk_dims(shape: Sequence[int], strides: Sequence[Sequence[int]], lead: int,
 def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequence[int],
              itemsizes: Sequence[int], nout: int, ccode: int, transpose: bool = True,
              nsums: int = 0) -> np.ndarray:
-    """The intp array opk_walk reads (templates/opkit_kernel.h):
-    [ndim, nops, nout, tdim, ccode, shape..., strides[op][dim]..., codes...].
+    """The intp array opk_walk reads (templates/opkit_kernel.h): the fields of GEOMETRY_HEAD
+    (opkit/abi.py), then shape..., strides[op][dim]..., codes....
 
     The outputs are the last `nout` operands; the first of them leads: the iteration follows
     its memory order. When an input is contiguous along another dim than the output (an NCHW
@@ -57,7 +59,8 @@ def geometry(shape: Sequence[int], strides: Sequence[Sequence[int]], codes: Sequ
         out_shape = [1]
         out_strides = [[0] for _ in range(nops)]
     tdim = _transposed_dim(out_shape, out_strides, itemsizes, lead) if transpose else -1
-    flat = [len(out_shape), nops, nout, tdim, ccode] + out_shape
+    head = {"ndim": len(out_shape), "nops": nops, "nout": nout, "tdim": tdim, "ccode": ccode}
+    flat = [head[f] for f in GEOMETRY_HEAD] + out_shape
     for s in out_strides:
         flat.extend(s)
     flat.extend(codes)

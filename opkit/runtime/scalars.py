@@ -19,11 +19,9 @@ from ..dsl.primitives import PRIMITIVES
 from ..lower import Attr, Const, Plan, compute_dtype
 from ..spec.model import OpSpec
 from .bind import dtype_name
+from ..abi import FLOAT32_OVERFLOW, FLOAT32_VANISH
 from ..kinds import Op, ValueKind
 
-# a finite double rounds to float32 infinity from here up, and a nonzero one to 0 from here down
-FLOAT32_OVERFLOW = float.fromhex("0x1.ffffffp+127")
-FLOAT32_VANISH = 2.0 ** -150
 _SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "gt": ">", "ge": ">=", "lt": "<",
             "le": "<=", "eq": "==", "ne": "!=", "and": "&", "or": "|"}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+from ..abi import ConvProblem
 from ..dsl.library import LIBRARY
 from ..kinds import Op
 from ..lower.plan import Kernel, Kind, LibCall, Plan, Value
@@ -110,6 +111,18 @@ class ExecSchedule:
 
 
 WHOLE = "nothing in the plan is worth slicing"
+
+
+# a fused convolution of fewer output pixels runs on one thread: too few GEMM rows to split
+FUSED_MIN_PIXELS = 64
+
+
+def fused_threads(problem: ConvProblem, threads: int, blas_held: bool) -> int:
+    """The threads a fused convolution runs its blocks on (templates/opkit_conv.h carries it
+    out): every thread the call may use, where the BLAS library can be held to one thread
+    for the call (several GEMMs at once, each on the thread that calls it: backend's
+    thread_controls) and the output has FUSED_MIN_PIXELS or more; else one."""
+    return max(1, threads) if blas_held and problem.pixels >= FUSED_MIN_PIXELS else 1
 
 
 def plan_facts(plan: Plan) -> PlanFacts:
