@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import opkit.builder.compile as compile_mod
 from opkit.builder import toolchain
+from opkit.builder.tools import run_tool
 from opkit.errors import BuildError
 from opkit.registry import make_op
 
@@ -244,7 +244,7 @@ def _background_command(tmp_path: Path):
 def test_timeout_kills_the_whole_group(tmp_path):
     cmd, pidfile = _background_command(tmp_path)
     with pytest.raises(BuildError, match="did not finish"):
-        compile_mod._run(cmd, tmp_path, timeout=10)
+        run_tool(cmd, tmp_path, timeout=10)
     assert pidfile.exists(), "the command did not start in time; rerun"
     pid = int(pidfile.read_text())
     try:
@@ -262,9 +262,9 @@ def test_keyboard_interrupt_kills_the_whole_group(tmp_path):
         import signal
         signal.signal(signal.SIGINT, signal.default_int_handler)
         from pathlib import Path
-        from opkit.builder.compile import _run
+        from opkit.builder.tools import run_tool
         try:
-            _run({cmd!r}, Path({str(tmp_path)!r}), 600)
+            run_tool({cmd!r}, Path({str(tmp_path)!r}), 600)
         except KeyboardInterrupt:
             print("interrupted")
         """)

@@ -24,9 +24,11 @@ from typing import List, Optional, Tuple
 from .._paths import templates_dir
 from ..codegen import template_digest
 from ..errors import BuildError
-from . import cache, reaper
+from . import cache
 from ..target import cpu_flags
+from .runtime import runtime_object
 from .toolchain import Toolchain
+from .tools import run_tool
 from .vecreport import parse_report, pyx_lines
 
 
@@ -176,15 +178,6 @@ def _without_compiler(name: str, ckey: str, skey: str, tc: Toolchain, force: boo
     raise error
 
 
-def _run(cmd: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    try:
-        return reaper.run(cmd, cwd, timeout)
-    except subprocess.TimeoutExpired:
-        raise BuildError(f"{cmd[0]} did not finish within {timeout:.0f} s and was stopped") from None
-    except OSError as exc:
-        raise BuildError(f"cannot run {cmd[0]}: {exc}") from None
-
-
 # A compile takes seconds: the first call of a new operator says so on stderr, unless a
 # progress display already does (`opkit build` and the ahead-of-time build turn this off) or
 # OPKIT_QUIET is set.
@@ -214,14 +207,13 @@ def _compile(name: str, keys: Tuple[str, str, str], entry: Path, source: str, tc
         pyx.write_text(source)
         cy_cmd = [sys.executable, "-m", "cython", "-3", "--fast-fail", "-I", str(templates_dir()),
                   pyx.name, "-o", c_file.name]
-        r = _run(cy_cmd, work, timeout)
+        r = run_tool(cy_cmd, work, timeout)
         log += ["$ " + " ".join(cy_cmd), r.stdout, r.stderr]
         if r.returncode != 0:
             raise BuildError(_explain("Cython", r, source, None))
-        from .runtime import runtime_object
         cc_cmd = tc.compile_command(c_file.name, so.name, report.name,
                                     objects=[runtime_object(tc, timeout)])
-        r = _run(cc_cmd, work, timeout)
+        r = run_tool(cc_cmd, work, timeout)
         log += ["$ " + " ".join(cc_cmd), r.stdout, r.stderr]
         if r.returncode != 0:
             raise BuildError(_explain(tc.cc[0], r, source, c_file.read_text(errors="replace")))

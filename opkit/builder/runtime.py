@@ -20,8 +20,8 @@ from ..codegen import template_digest
 from ..codegen.render import runtime_source
 from ..errors import BuildError
 from . import cache
-from .compile import _run
 from .toolchain import Toolchain
+from .tools import run_tool
 
 _NAME = "opk_runtime"
 _C, _O, _RECORD = f"{_NAME}.c", f"{_NAME}.o", "runtime.json"
@@ -54,7 +54,7 @@ def runtime_object(tc: Toolchain, timeout: float) -> Path:
         try:
             (work / _C).write_text(runtime_source())
             cmd = tc.object_command(_C, _O)
-            r = _run(cmd, work, timeout)
+            r = run_tool(cmd, work, timeout)
             if r.returncode != 0 or not (work / _O).is_file():
                 tail = "\n".join(((r.stdout or "") + (r.stderr or "")).strip().splitlines()[-15:])
                 raise BuildError(
