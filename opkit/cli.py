@@ -360,7 +360,7 @@ def _show(op, build: bool) -> str:
     from .builder import toolchain
     from .codegen import COMPUTE
     from .lower import Kernel
-    from .lower.tbe import REDUCTIONS
+    from .lower.tbe import CALLS, REDUCTIONS
     target = toolchain().target
     sch = lowered.schedule
     out += _fusion_lines(lowered)
@@ -370,7 +370,7 @@ def _show(op, build: bool) -> str:
         for step in _flat_steps(plan):
             if not isinstance(step, Kernel):
                 out += ["", f"{step.name}: library call {step.prim}({', '.join(map(str, step.args))})"
-                        f" -> {step.result}"]
+                        f" -> {step.result} (TBE {CALLS[step.prim]})"]
                 seq = REDUCTIONS.get(step.prim)
                 if seq is not None:
                     out.append("  compiled (templates/opkit_reduce.h): one pass over the input, "

@@ -539,3 +539,19 @@ def test_the_kernel_abi_is_written_once_in_python():
     assert float(np.float32(abi.FLOAT32_OVERFLOW)) == np.inf
     assert float(np.float32(np.nextafter(abi.FLOAT32_OVERFLOW, 0))) < np.inf
     assert np.float32(abi.FLOAT32_VANISH) == 0 and np.float32(np.nextafter(abi.FLOAT32_VANISH, 1)) > 0
+
+
+def test_every_target_table_covers_every_primitive_it_renders():
+    """Each target renders from its own table (C: codegen/c_ops.py with per-compute-type
+    overrides; TBE: lower/tbe.py; ONNX: onnx/lowering.py): every elementwise primitive has a C
+    form and a TBE instruction, every library call a TBE instruction, and an override names only
+    primitives the C table has."""
+    from opkit.codegen import c_ops
+    from opkit.dsl import LIBRARY, PRIMITIVES
+    from opkit.lower import tbe
+    assert set(PRIMITIVES) <= set(c_ops.C) and set(PRIMITIVES) <= set(tbe.TBE)
+    assert set(LIBRARY) <= set(tbe.CALLS)
+    for table in c_ops.OVERRIDES.values():
+        assert set(table) <= set(c_ops.C)
+    assert c_ops.form("abs", "i").text != c_ops.form("abs", "f").text
+    assert c_ops.form("erf", "d").scalar and not c_ops.form("erf", "f").scalar

@@ -13,6 +13,7 @@ the error bounds `ulp` gives (measured by tools/ulp_sweep.py, docs/spec.md's fun
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 from ..kinds import Op
@@ -95,15 +96,38 @@ DOUBLE: Dict[str, CForm] = {
     for name in ("erf", "erfc", "sin", "cos", "pow")
 }
 
+# int32 and int64 compute (int8, int16, int32 data): where C's float form does not apply
+INTEGER: Dict[str, CForm] = {
+    "abs": CForm("({0} if {0} >= 0 else -{0})"),
+}
+# each compute type's table of what differs from C (tags: opkit/abi.py's COMPUTE)
+OVERRIDES: Dict[str, Dict[str, CForm]] = {"f": {}, "d": DOUBLE, "i": INTEGER, "l": INTEGER}
+
 # The functions of opkit_math.h the forms call, declared for Cython (templates/module.pyx.j2)
 MATH_FUNCTIONS = tuple(sorted(
     {f"opk_{name}{suffix}" for name, form in C.items() if form.text.startswith("opk_")
      for suffix in ("f", "") if suffix or name not in DOUBLE}))
 
 
-def form(prim: str, double: bool) -> CForm:
-    """How `prim` is written for float (double=False) or double compute."""
-    return (DOUBLE.get(prim) if double else None) or C[prim]
+def _libm_calls() -> Tuple[str, ...]:
+    """The C math library's functions the forms call ({f}: the float and the double one)."""
+    names = set()
+    for table in (C, *OVERRIDES.values()):
+        for cf in table.values():
+            for m in re.finditer(r"\b([a-z][a-z0-9_]*)(\{f\})?\(", cf.text + "\n" + cf.bounded):
+                if not m.group(1).startswith("opk_"):
+                    names.update((m.group(1), m.group(1) + "f") if m.group(2) else (m.group(1),))
+    return tuple(sorted(names))
+
+
+# ... cimported from libc.math by every module (templates/module.pyx.j2), with what the
+# renderer writes itself (render.py: infinite constants, rounding a fixed-point attr)
+LIBM = _libm_calls() + ("INFINITY", "NAN", "lrint")
+
+
+def form(prim: str, tag: str) -> CForm:
+    """How `prim` is written for the compute type of this tag: its override, else C's."""
+    return OVERRIDES[tag].get(prim) or C[prim]
 
 
 def declaration(function: str) -> str:
@@ -113,11 +137,11 @@ def declaration(function: str) -> str:
     return f"{t} {function}({args})"
 
 
-def scalar_calls(ops: Iterable[str], double: bool, features: Iterable[str]) -> Tuple[str, ...]:
+def scalar_calls(ops: Iterable[str], tag: str, features: Iterable[str]) -> Tuple[str, ...]:
     """The primitives among `ops` that keep an element loop of this compute type scalar on a
     target with these CPU features."""
     features = tuple(features)
-    return tuple(sorted({op for op in ops if op in C and not form(op, double).vectorizes_on(features)}))
+    return tuple(sorted({op for op in ops if op in C and not form(op, tag).vectorizes_on(features)}))
 
 
 def accuracy(prim: str) -> str:

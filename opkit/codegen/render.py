@@ -21,7 +21,7 @@ from ..abi import COMPUTE, DTYPE_CODES, ComputeType, ConvProblem, c_defines
 from .._version import __version__
 from ..dsl.graph import OpGraphs
 from ..dsl.variants import Variant
-from .c_ops import C as C_OPS, MATH_FUNCTIONS, declaration, form as c_form, scalar_calls
+from .c_ops import C as C_OPS, LIBM, MATH_FUNCTIONS, declaration, form as c_form, scalar_calls
 from ..backend import blas
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, LibCall, Lowered, Reg,
                      Schedule, compute_dtype, cost, listing, quantized)
@@ -119,7 +119,7 @@ def _statements(ins: Instr, args: Sequence[str], ct: ComputeType, dst: str,
     """The Cython statements that compute one primitive into `dst` in compute type `ct`, as
     the C table writes it (c_ops.py); `prologue` (the values computed once per call, by
     register) tells which bounds cannot be NaN (then the primitive's `bounded` form)."""
-    cf = c_form(ins.op, ct.tag == "d")
+    cf = c_form(ins.op, ct.tag)
     form = cf.text
     if cf.bounded and prologue is not None and all(_never_nan(b, prologue) for b in ins.args[1:]):
         form = cf.bounded
@@ -168,8 +168,6 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
         if k is not None:  # x * (m / 2**bits): integer multiply, round, arithmetic shift
             bits = quant[ins.args[1 - k].name]
             lines.append(f"{ins.dst} = opk_qmul_{ct.tag}({args[k]}, {args[1 - k]}, {bits}){where}")
-        elif ct.integer and ins.op == Op.ABS:
-            lines.append(f"{ins.dst} = ({args[0]} if {args[0]} >= 0 else -{args[0]}){where}")
         elif ins.op == Op.WHERE and isinstance(ins.args[0], Reg):
             made = {i.dst: i for i in kernel.body if i not in hoisted}
             lines.append(f"{ins.dst} = {_select(ins.args[0], args[1], args[2], made, ct)}{where}")
@@ -248,7 +246,7 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
 
 def _uses_temp(op: str) -> bool:
     """Whether a primitive's C form needs a temporary ({t}) in either compute type."""
-    return op in C_OPS and any("{t}" in c_form(op, double).text for double in (False, True))
+    return op in C_OPS and any("{t}" in c_form(op, tag).text for tag in ("f", "d"))
 
 
 def _kind(instrs, reg: Reg) -> ValueKind:
@@ -269,7 +267,7 @@ def _schedule_text(schedule: Schedule, target: Target) -> str:
 def loop_text(kernel: Kernel, instances: List[ComputeType], target: Target) -> str:
     """What the element loop compiles to; tests compare it with the compiler's report."""
     floats = [ct for ct in instances if not ct.integer]
-    calls = {ct.tag: scalar_calls(kernel.ops, ct.tag == "d", target.features) for ct in floats}
+    calls = {ct.tag: scalar_calls(kernel.ops, ct.tag, target.features) for ct in floats}
     if floats and all(calls[ct.tag] for ct in floats):
         names = sorted({c for ct in floats for c in calls[ct.tag]})
         return (f"scalar (calls {', '.join(names)}: functions the C compiler does not "
@@ -547,7 +545,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         directs=directs, defines=header_defines(), fused=fused, reduces=reduces,
         conv_fields=", ".join(f"cv.{f}" for f in ConvProblem._fields),
-        math_functions=[declaration(f) for f in MATH_FUNCTIONS],
+        math_functions=[declaration(f) for f in MATH_FUNCTIONS], libm=LIBM,
         blas=_printable(lib.describe()) if lib is not None else "")
 
 

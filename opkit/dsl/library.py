@@ -26,7 +26,6 @@ class LibraryPrimitive:
     name: Op
     run: Callable      # (ctx, args: [(ndarray, names)], params) -> (ndarray, names)
     vjp: Optional[Callable]
-    tbe: str           # how the listing shows the call
     doc: str = ""
     scalar_args: Tuple[int, ...] = ()
     format: Optional[Callable] = None  # (argument texts, params) -> text, for printed graphs
@@ -109,7 +108,7 @@ def sum_to(value: Node, input_node: Node) -> Node:
     return Node(Op.SUM_TO, (value,), (input_node.name,), ValueKind.FLOAT, input_node.dims)
 
 
-register(LibraryPrimitive("sum_to", _run_sum_to, None, "vreduce_sum",
+register(LibraryPrimitive("sum_to", _run_sum_to, None,
                           "sum a gradient over the dims its input was broadcast along",
                           format=lambda a, p: f"sum_to({a[0]}, {p[0]})"))
 
@@ -152,7 +151,7 @@ def _sum_vjp(g, out, v):
     return (g,)  # broadcasting by name spreads g back over the summed dims
 
 
-register(LibraryPrimitive("sum", _run_sum, _sum_vjp, "vreduce_sum",
+register(LibraryPrimitive("sum", _run_sum, _sum_vjp,
                           "sum over the dims not kept (named dims)",
                           format=lambda a, p: f"sum({a[0]}, keep=[{', '.join(p[0])}])"))
 
@@ -187,7 +186,7 @@ def _mean_vjp(g, out, v):
     return (Node(Op.SHARE, (g,), (removed,), ValueKind.FLOAT, g.dims),)
 
 
-register(LibraryPrimitive("mean", _run_mean, _mean_vjp, "vreduce_mean",
+register(LibraryPrimitive("mean", _run_mean, _mean_vjp,
                           "the mean over the dims not kept (named dims)",
                           format=lambda a, p: f"mean({a[0]}, keep=[{', '.join(p[0])}])"))
 
@@ -205,7 +204,7 @@ def _share_vjp(g, out, v):
     return (Node(Op.SHARE, (g,), out.params, ValueKind.FLOAT, g.dims),)
 
 
-register(LibraryPrimitive("share", _run_share, _share_vjp, "vdivs",
+register(LibraryPrimitive("share", _run_share, _share_vjp,
                           "a mean's gradient: divided by the number of elements it averaged",
                           format=lambda a, p: f"share({a[0]}, [{', '.join(p[0])}])"))
 
@@ -247,7 +246,7 @@ def extreme_over(prim: str, v: Node, keep: Tuple[str, ...]) -> Node:
 
 for _prim, (_, _identity, _word) in _EXTREMES.items():
     register(LibraryPrimitive(
-        _prim, functools.partial(_run_extreme, prim=_prim), _extreme_vjp, f"vreduce_{_word}",
+        _prim, functools.partial(_run_extreme, prim=_prim), _extreme_vjp,
         f"the {_word}imum over the dims not kept (named dims); NaN propagates; {_identity} over "
         "nothing", format=lambda a, p, _w=_word: f"{_w}({a[0]}, keep=[{', '.join(p[0])}])"))
 
@@ -285,7 +284,7 @@ def _logsumexp_vjp(g, out, v):
     return (apply(Op.MUL, g, apply(Op.EXP, apply(Op.SUB, v, out))),)  # g times softmax(v)
 
 
-register(LibraryPrimitive("logsumexp", _run_logsumexp, _logsumexp_vjp, "vreduce_logsumexp",
+register(LibraryPrimitive("logsumexp", _run_logsumexp, _logsumexp_vjp,
                           "log(sum(exp(v))) over the dims not kept, without overflow",
                           format=lambda a, p: f"logsumexp({a[0]}, keep=[{', '.join(p[0])}])"))
 
@@ -337,7 +336,7 @@ def _einsum_vjp(g, out, a, b):
     return (einsum(g, b, a.dims), einsum(a, g, b.dims))
 
 
-register(LibraryPrimitive("einsum", _run_einsum, _einsum_vjp, "vmatmul",
+register(LibraryPrimitive("einsum", _run_einsum, _einsum_vjp,
                           "a product of two named-dim arrays summed over the dims the result lacks",
                           format=lambda a, p: f"einsum({a[0]}[{', '.join(p[0])}], "
                                               f"{a[1]}[{', '.join(p[1])}] -> [{', '.join(p[2])}])"))
@@ -443,7 +442,7 @@ def _fourier_vjp(g, out, v, factor):
     return (fourier(g, dim, factor, _TRANSPOSE[kind]), None)
 
 
-register(LibraryPrimitive("fourier", _run_fourier, _fourier_vjp, "vfft",
+register(LibraryPrimitive("fourier", _run_fourier, _fourier_vjp,
                           "band-limited resampling along one dim in the DFT domain",
                           scalar_args=(1,), format=lambda a, p: f"fft_{p[1]}({a[0]}, {p[0]}, {a[1]})",
                           mixes=lambda p: (p[0],)))
@@ -639,13 +638,13 @@ def _conv_format(what: str):
     return lambda a, p: f"{what}({a[0]}, {a[1]}, stride={a[2]}, padding={a[3]})"
 
 
-register(LibraryPrimitive("conv2d", _run_conv2d, _conv2d_vjp, "vconv",
+register(LibraryPrimitive("conv2d", _run_conv2d, _conv2d_vjp,
                           "2-d convolution (cross-correlation) of x[N, C, H, W] with w[O, C, KH, KW]",
                           scalar_args=(2, 3), format=_conv_format("conv2d"), sizes=_conv_sizes))
-register(LibraryPrimitive("conv2d_dx", _run_conv2d_dx, _conv2d_dx_vjp, "vconv_dx",
+register(LibraryPrimitive("conv2d_dx", _run_conv2d_dx, _conv2d_dx_vjp,
                           "conv2d's gradient with respect to x: a transposed convolution",
                           scalar_args=(2, 3), format=_conv_format("conv2d_dx")))
-register(LibraryPrimitive("conv2d_dw", _run_conv2d_dw, _conv2d_dw_vjp, "vconv_dw",
+register(LibraryPrimitive("conv2d_dw", _run_conv2d_dw, _conv2d_dw_vjp,
                           "conv2d's gradient with respect to w: a correlation of x with dy",
                           scalar_args=(2, 3), format=_conv_format("conv2d_dw")))
 

@@ -123,6 +123,14 @@ SEQUENCES: Dict[str, List[str]] = {
              "vsel {d}, special cases        ; 12 compares and selects (C99 F.9.4.4)"],
 }
 
+# The TBE instruction each library call maps to (dsl/library.py holds the calls' meaning)
+CALLS: Dict[str, str] = {
+    "sum_to": "vreduce_sum", "sum": "vreduce_sum", "mean": "vreduce_mean", "share": "vdivs",
+    "amax": "vreduce_max", "amin": "vreduce_min", "logsumexp": "vreduce_logsumexp",
+    "einsum": "vmatmul", "fourier": "vfft", "conv2d": "vconv", "conv2d_dx": "vconv_dx",
+    "conv2d_dw": "vconv_dw",
+}
+
 # The reductions that run as a compiled pass of their own (templates/opkit_reduce.h), per
 # contiguous run of the input: {0} is the input, {d} the result. A float16 run is converted
 # first (vconv_f162f32).
