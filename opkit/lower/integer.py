@@ -14,7 +14,7 @@ from typing import Dict, Optional
 from ..errors import SpecError
 from ..spec.model import OpSpec
 from .plan import LOAD, Attr, Const, Instr, Kernel, Plan
-from ..kinds import Op
+from ..kinds import AttrType, Op
 
 # the primitives an integer kernel computes exactly as written
 INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min", "max", "clamp", "sign", "where", "gt", "ge",
@@ -65,7 +65,7 @@ def check_integer(spec: OpSpec, plan: Plan) -> None:
                                     "float dtypes; declare float dtypes only", where)
                 if isinstance(arg, Attr):
                     a = spec.attr(arg.name)
-                    if a.type == "float":
+                    if a.type == AttrType.FLOAT:
                         hint = ("; declare it `quantize: 7` to use it as a fixed-point multiplier"
                                 if a.quantize is None else
                                 "; a quantized attr can only multiply a value")

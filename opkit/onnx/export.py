@@ -18,7 +18,7 @@ from ..runtime.bind import bind, dtype_name, finfo_values, split_args
 from ..spec.model import FLOAT_DTYPES, LAYOUT_PHYSICAL, DtypeLimit
 from . import ops  # noqa: F401  (registers the lowerings)
 from .lowering import Context, Emitter, ExportError, align, lower_graph
-from ..kinds import Op, ValueKind
+from ..kinds import AttrType, Op, ValueKind
 
 DOMAIN = "opkit"
 DEFAULT_OPSET = 18
@@ -190,7 +190,7 @@ def default_shape(spec, inp, layout: Optional[str]) -> Optional[Shape]:
 class ProtoEmitter(Emitter):
     """Nodes of an ONNX FunctionProto body; attrs are references to the function's attributes."""
 
-    def __init__(self, ctx: Context, stand: Stand, attr_types: Dict[str, str]):
+    def __init__(self, ctx: Context, stand: Stand, attr_types: Dict[str, AttrType]):
         super().__init__(ctx)
         self.onnx = _onnx()
         self.nodes = []
@@ -238,10 +238,10 @@ class ProtoEmitter(Emitter):
         typ = self.attr_types[name]
         out = self.fresh(name)
         node = onnx.helper.make_node("Constant", [], [out])
-        field = "value_float" if typ == "float" else "value_int"
+        field = "value_float" if typ == AttrType.FLOAT else "value_int"
         node.attribute.append(onnx.AttributeProto(
             name=field, ref_attr_name=name,
-            type=onnx.AttributeProto.FLOAT if typ == "float" else onnx.AttributeProto.INT))
+            type=onnx.AttributeProto.FLOAT if typ == AttrType.FLOAT else onnx.AttributeProto.INT))
         self.nodes.append(node)
         return self.cast(out, "bool" if kind == ValueKind.BOOL else None)
 
@@ -270,8 +270,8 @@ def _attr_default(a, stand: Stand):
     return v
 
 
-def _attribute(onnx, name: str, typ: str, value):
-    if typ == "float":
+def _attribute(onnx, name: str, typ: AttrType, value):
+    if typ == AttrType.FLOAT:
         return onnx.helper.make_attribute(name, float(value))
     return onnx.helper.make_attribute(name, int(value))
 
@@ -322,8 +322,9 @@ def build_function(op, stand: Stand, backward: bool = False, opset: int = DEFAUL
     onnx = _onnx()
     graph, ctx, names = prepare(op, stand, backward, opset)
     bound = stand.bound
-    attrs = [a for a in op.spec.attrs if a.type != "str" and a.name not in ctx.static]
-    types = {a.name: "float" if a.type == "float" else "int" for a in attrs}
+    attrs = [a for a in op.spec.attrs if a.type != AttrType.STR and a.name not in ctx.static]
+    # ONNX attributes are floats or ints: a bool attr is an int
+    types = {a.name: AttrType.FLOAT if a.type == AttrType.FLOAT else AttrType.INT for a in attrs}
     em = ProtoEmitter(ctx, stand, types)
     outputs = []
     for out_name, ref in lower_outputs(graph, em, stand, ctx, names, backward):

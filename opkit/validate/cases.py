@@ -9,7 +9,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
-from ..kinds import Op
+from ..kinds import AttrType, Op
 
 
 DIM_SIZES = {"N": 2, "C": 3, "H": 5, "W": 7}
@@ -172,15 +172,15 @@ def default_attrs(spec: OpSpec) -> Dict[str, object]:
             continue
         if not a.required:
             out[a.name] = a.default
-        elif a.type == "str":
+        elif a.type == AttrType.STR:
             out[a.name] = a.choices[0]
-        elif a.type == "bool":
+        elif a.type == AttrType.BOOL:
             out[a.name] = True
         elif a.range is not None and math.isfinite(a.range.low) and math.isfinite(a.range.high):
             mid = (a.range.low + a.range.high) / 2
-            out[a.name] = int(round(mid)) if a.type == "int" else mid
+            out[a.name] = int(round(mid)) if a.type == AttrType.INT else mid
         else:
-            out[a.name] = 1 if a.type == "int" else 0.5
+            out[a.name] = 1 if a.type == AttrType.INT else 0.5
     return out
 
 
@@ -192,11 +192,11 @@ def attr_samples(spec: OpSpec, rng, count: int = 2) -> List[Dict[str, object]]:
         for a in spec.attrs:
             lo, hi = (a.range.low, a.range.high) if a.range else (-2.0, 2.0)
             lo, hi = max(lo, -4.0), min(hi, 4.0)
-            if a.type == "bool":
+            if a.type == AttrType.BOOL:
                 attrs[a.name] = bool(rng.integers(2))
-            elif a.type == "str":
+            elif a.type == AttrType.STR:
                 attrs[a.name] = a.choices[int(rng.integers(len(a.choices)))]
-            elif a.type == "int":
+            elif a.type == AttrType.INT:
                 attrs[a.name] = int(rng.integers(int(math.ceil(lo)), int(math.floor(hi)) + 1)) \
                     if math.floor(hi) >= math.ceil(lo) else default_attrs(spec)[a.name]
             else:
