@@ -5,7 +5,7 @@ import ast
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from ..errors import Loc
 from ..kinds import AttrType, Layout
@@ -15,9 +15,12 @@ FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 INT_DTYPES = ("int8", "int16", "int32")
 DTYPES = FLOAT_DTYPES + INT_DTYPES
 LAYOUTS = tuple(Layout)
-# The logical dims that a 4-d layout names, and their physical order in memory.
-LAYOUT_DIMS = {Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "C", "H", "W")}
-LAYOUT_PHYSICAL = {Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "H", "W", "C")}
+# The logical dims that a 4-d layout names, and their physical order in memory. Keyed by Layout
+# members, which hash and compare as their names: a layout a call names as text finds its entry.
+LAYOUT_DIMS: Dict[str, Tuple[str, ...]] = {
+    Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "C", "H", "W")}
+LAYOUT_PHYSICAL: Dict[str, Tuple[str, ...]] = {
+    Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "H", "W", "C")}
 ATTR_TYPES = tuple(AttrType)
 # the limits of a float dtype that declarations may name (`finfo.max` ...), as NumPy's finfo
 FINFO = ("max", "min", "eps", "tiny")
