@@ -68,9 +68,10 @@ def variants(spec: OpSpec) -> Tuple[Variant, ...]:
     return tuple(out)
 
 
-def pick(all_variants: Tuple[Variant, ...], choices: Mapping[str, str],
+def pick(all_variants: Tuple[Variant, ...], choices: Mapping[str, object],
          given: Tuple[str, ...]) -> Variant:
-    """The variant for a call's str attr values and the optional inputs it gives."""
+    """The variant for a call's str attr values (`choices`: the call's attrs, of which the str
+    ones are read) and the optional inputs it gives."""
     for v in all_variants:
         if v.given == given and all(choices[a] == value for a, value in v.choices):
             return v

@@ -9,7 +9,7 @@ except those that shape the model (a resampling factor): the export fixes those.
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -132,7 +132,7 @@ class Stand:
         except ValueError:
             return set()
         rules = shape_rules(self.spec)
-        created = {d for n in rules.calls for d in n.dims}
+        created = {d for n in rules.calls for d in n.dims or ()}
         return {d for d in created if d in sizes and d in other and other[d] != sizes[d]}
 
     def _size(self, spatial: bool) -> int:
@@ -148,7 +148,7 @@ class Stand:
         return tuple(None if s in self.free else s for s in arr.shape)
 
     def dims(self, arr: np.ndarray) -> Shape:
-        return tuple(self.free.get(s, s) for s in arr.shape)
+        return tuple(self.free[s] if s in self.free else s for s in arr.shape)
 
 
 def _np_dtype(name: str):
@@ -193,7 +193,7 @@ class ProtoEmitter(Emitter):
     def __init__(self, ctx: Context, stand: Stand, attr_types: Dict[str, AttrType]):
         super().__init__(ctx)
         self.onnx = _onnx()
-        self.nodes = []
+        self.nodes: List[object] = []  # onnx NodeProtos, in order
         self.stand = stand
         self.attr_types = attr_types
         self.taken = set(stand.bound.values)

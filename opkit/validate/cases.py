@@ -75,9 +75,9 @@ def _conv_shapes(spec: OpSpec) -> List[Tuple[str, Dict[str, int], Dict[str, obje
         return []
     node = convs[0]
     x_dims, w_dims, out_dims = node.params
-    out = []
+    out: List[Tuple[str, Dict[str, int], Dict[str, object]]] = []
     for label, n, c, h, w, o, k, stride, pad in CONV_CASES:
-        attrs = {}
+        attrs: Dict[str, int] = {}
         for arg, value in zip(node.args[2:], (stride, pad)):
             if arg.op == Op.ATTR:
                 attrs[arg.name] = value
@@ -88,7 +88,7 @@ def _conv_shapes(spec: OpSpec) -> List[Tuple[str, Dict[str, int], Dict[str, obje
             continue
         sizes = dict(zip(x_dims, (n, c, h, w)))
         sizes.update({w_dims[0]: o, w_dims[2]: k, w_dims[3]: k, out_dims[2]: oh, out_dims[3]: ow})
-        out.append((label, sizes, attrs))
+        out.append((label, sizes, {**attrs}))
     return out
 
 
@@ -99,7 +99,8 @@ def make_cases(spec: OpSpec, rng, tile: int = 1024, threshold: int = 32768,
     convs = _conv_shapes(spec)
     for layout in spec.layouts:
         anchor = LAYOUT_PHYSICAL.get(layout)
-        shapes = [(label, sizes, {}) for label, sizes in _full_shapes(spec, layout, tile, threshold)]
+        shapes: List[Tuple[str, Dict[str, int], Dict[str, object]]] = [
+            (label, sizes, {}) for label, sizes in _full_shapes(spec, layout, tile, threshold)]
         if convs and layout in LAYOUT_DIMS:
             shapes = convs
         for label, sizes, case_attrs in shapes:
@@ -166,7 +167,7 @@ def case_inputs(case: Case, dtype: str) -> Dict[str, np.ndarray]:
 def default_attrs(spec: OpSpec) -> Dict[str, object]:
     """A value for every attr: its default (one that depends on the dtype, such as
     `finfo.max`, is left to the call), or one inside its range."""
-    out = {}
+    out: Dict[str, object] = {}
     for a in spec.attrs:
         if isinstance(a.default, DtypeLimit):
             continue
@@ -188,7 +189,7 @@ def attr_samples(spec: OpSpec, rng, count: int = 2) -> List[Dict[str, object]]:
     """The defaults, then `count` random points inside each attr's range."""
     samples = [default_attrs(spec)]
     for _ in range(count):
-        attrs = {}
+        attrs: Dict[str, object] = {}
         for a in spec.attrs:
             lo, hi = (a.range.low, a.range.high) if a.range else (-2.0, 2.0)
             lo, hi = max(lo, -4.0), min(hi, 4.0)
