@@ -297,7 +297,7 @@ def dsl_logsumexp(v: Node, dim: str) -> Node:
 
 # ------------------------------------------------------------------------------ einsum / matmul
 
-def _letters(*name_lists):
+def _letters(*name_lists: Tuple[str, ...]) -> Dict[str, str]:
     table: Dict[str, str] = {}
     for names in name_lists:
         for n in names:
