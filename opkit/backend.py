@@ -73,8 +73,9 @@ def thread_controls() -> Tuple[int, int]:
         # the 32-bit-integer BLAS SciPy calls, not NumPy's 64-bit one (its names end in 64_)
         if not any(hasattr(lib, f) for f in ("scipy_sgemm_", "sgemm_")):
             continue
-        found = [next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
-                 for names in (_SET, _GET)]
-        if all(found):
-            return tuple(ctypes.cast(f, ctypes.c_void_p).value or 0 for f in found)
+        set_fn, get_fn = (next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
+                          for names in (_SET, _GET))
+        if set_fn is not None and get_fn is not None:
+            return (ctypes.cast(set_fn, ctypes.c_void_p).value or 0,
+                    ctypes.cast(get_fn, ctypes.c_void_p).value or 0)
     return 0, 0

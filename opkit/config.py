@@ -5,7 +5,7 @@ import contextlib
 import contextvars
 import difflib
 import os
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 
 def _default_threads() -> int:
@@ -85,7 +85,7 @@ def _validate(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def configure(settings: Dict[str, Any] = None, **kwargs) -> None:
+def configure(settings: Optional[Dict[str, Any]] = None, **kwargs) -> None:
     """Change settings for the whole process: configure(num_threads=1) or configure({...})."""
     merged = dict(settings or {})
     merged.update(kwargs)
@@ -94,7 +94,7 @@ def configure(settings: Dict[str, Any] = None, **kwargs) -> None:
 
 
 @contextlib.contextmanager
-def config(settings: Dict[str, Any] = None, **kwargs) -> Iterator[None]:
+def config(settings: Optional[Dict[str, Any]] = None, **kwargs) -> Iterator[None]:
     """Override settings inside a `with` block (this thread / task only)."""
     merged = dict(settings or {})
     merged.update(kwargs)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class SpecError(ValueError):
     def __init__(self, message: str, loc: Optional[Loc] = None, excerpt: str = ""):
         self.loc = loc
         self.reason = message
-        self.errors = (self,)  # every error this one reports (several for a folder)
+        self.errors: Tuple[SpecError, ...] = (self,)  # every error this one reports (several for a folder)
         text = f"{loc}: {message}" if loc else message
         if excerpt:
             text += "\n" + excerpt
@@ -49,3 +49,7 @@ class FusionWarning(UserWarning):
 
 class BuildError(RuntimeError):
     """Generating or compiling a kernel module failed; the message shows where and why."""
+
+    # why each shipped module that could have served was refused, where a build found none to
+    # use (the fallback to another ISA's shipped module reports these); set by the builder
+    refused: List[str]

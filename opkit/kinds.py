@@ -1,5 +1,5 @@
 """The closed vocabularies that pass between the stages: primitives, value kinds, passes,
-layouts. Each is a `StrEnum`, so a member prints, formats and hashes as its name (generated
+layouts, attr types. Each is a `StrEnum`, so a member prints, formats and hashes as its name (generated
 source, listings and the cache key read the same text as before), while a name that is not a
 member fails where it is made, not three stages later.
 """
@@ -96,3 +96,12 @@ class Layout(_Name):
     ND = "ND"
     NCHW = "NCHW"
     NHWC = "NHWC"
+
+
+class AttrType(_Name):
+    """The type a declaration gives an attr (`type: float`)."""
+
+    FLOAT = "float"
+    INT = "int"
+    BOOL = "bool"
+    STR = "str"

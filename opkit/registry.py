@@ -23,7 +23,7 @@ def _yaml_files(path: Path) -> List[Path]:
 
 
 class Registry:
-    def __init__(self):
+    def __init__(self) -> None:
         self._ops: Dict[str, Op] = {}
         self._broken: List[SpecError] = []
         self._listeners: List[Callable[[Op], None]] = []
@@ -148,7 +148,7 @@ class Registry:
             for op in ops:
                 owners.setdefault(op.name, []).append((pkg.name, op))
         with self._lock:
-            admitted = {}
+            admitted: Dict[str, List[Op]] = {}  # package -> the operators it registers
             for name, found in sorted(owners.items()):
                 old = self._ops.get(name)
                 if len(found) == 1 and old is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import platform
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Dict, Tuple, TypedDict
 
 from .config import ISAS
 from .config import get as setting
@@ -32,10 +32,16 @@ class Target:
                f"{self.vector_bytes}-byte vectors; float16 conversion: {f16}"
 
 
+class Level(TypedDict):
+    features: Tuple[str, ...]     # the features that change generated code
+    flags: Tuple[str, ...]        # the CPU flags, as /proc/cpuinfo names them, a CPU needs
+    vector_bytes: int
+
+
 # The x86-64 micro-architecture levels that gcc and clang name with -march: what a module built
 # for one may use (the features that change generated code) and the CPU flags (as
 # /proc/cpuinfo names them) a CPU needs to run it.
-LEVELS = {
+LEVELS: Dict[str, Level] = {
     "x86-64-v3": {
         "features": ("sse2", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c"),
         "flags": ("sse2", "cx16", "lahf_lm", "popcnt", "pni", "ssse3", "sse4_1", "sse4_2", "avx",

@@ -39,10 +39,10 @@ FRONT_END = {"test_spec", "test_dsl", "test_lower_codegen", "test_architecture",
 
 
 # Modules whose tests run other processes (the command line, pip, compilers killed on purpose,
-# wheels, two-process DDP): marked `system`.
+# wheels, two-process DDP, the type checker): marked `system`.
 SYSTEM = {"test_api_cli", "test_build_cache", "test_deploy_wheels", "test_packaging",
           "test_reliability_cache", "test_reliability_cli", "test_reliability_compiler",
-          "test_torch_distributed", "test_torch_optional"}
+          "test_torch_distributed", "test_torch_optional", "test_types"}
 
 
 def pytest_xdist_auto_num_workers(config):

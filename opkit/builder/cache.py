@@ -20,7 +20,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple, overload
 
 from ..errors import BuildError
 
@@ -57,7 +57,14 @@ def add_shipped(folder: Path) -> None:
 LOOSE = ("cython", "numpy", "python")
 
 
-def loose(material) -> Optional[dict]:
+@overload
+def loose(material: Dict[str, object]) -> Dict[str, object]: ...
+@overload
+def loose(material: object) -> Optional[Dict[str, object]]: ...
+
+
+def loose(material: object) -> Optional[Dict[str, object]]:
+    """The material less its LOOSE keys; None for anything but a mapping (a damaged record)."""
     return {k: v for k, v in material.items() if k not in LOOSE} if isinstance(material, dict) else None
 
 
@@ -139,8 +146,8 @@ def _recorded_width(roots: Tuple[str, ...], material: str) -> Optional[int]:
     for root in roots:
         with contextlib.suppress(OSError):
             for p in Path(root).iterdir():
-                meta = read_meta(p) if _ENTRY.match(p.name) else None
-                content = (meta or {}).get("content") or {}
+                meta = (read_meta(p) if _ENTRY.match(p.name) else None) or {}
+                content = meta.get("content") or {}
                 if loose(content.get("toolchain")) == want and \
                         isinstance(content.get("vector_bytes"), int):
                     best = max(best, (str(meta.get("built", "")), content["vector_bytes"]))
@@ -334,7 +341,8 @@ def clean(stale_only: bool = False) -> int:
         leftover, lock = _LEFTOVER.match(p.name), _LOCK.match(p.name)
         if stale_only and not leftover or not (leftover or lock or _ENTRY.match(p.name)):
             continue
-        entry = (leftover or lock).group("entry") if leftover or lock else p.name
+        named = leftover or lock
+        entry = named.group("entry") if named else p.name
         try:
             with try_lock(root / f".{entry}.lock") as free:
                 if not free or leftover and _owner_alive(leftover.group("pid")):

@@ -277,6 +277,7 @@ def _explain(tool: str, result: subprocess.CompletedProcess, source: str, c_text
         return f"{head} ({status}):\n{tail}\n  ({log})"
     msg = first.group("msg")
     c_line = int(first.group("line"))
+    pyx_line: Optional[int]
     if first.group("file").endswith(".pyx"):
         pyx_line = c_line
     else:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 _TILE_DEF = re.compile(r"^cdef inline void (?P<name>\w+)_tile\(")
 _LOOP = re.compile(r"^\s+for j in range\(n\):")
@@ -45,7 +45,8 @@ def pyx_lines(c_text: str, pyx_name: str) -> List[Optional[int]]:
 def parse_report(report: Path, pyx_name: str, c_file: Path, source: str) -> Dict[str, dict]:
     """{instance: {"vectorized": bool, "bytes": widest vector, "notes": [...]}} per element loop."""
     loops = tile_loops(source)
-    result = {name: {"vectorized": False, "bytes": 0, "notes": []} for name in loops.values()}
+    result: Dict[str, Dict[str, Any]] = {name: {"vectorized": False, "bytes": 0, "notes": []}
+                                         for name in loops.values()}
     try:
         text = report.read_text(errors="replace")
         c_text = c_file.read_text(errors="replace")

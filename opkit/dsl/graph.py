@@ -12,7 +12,7 @@ from .library import LIBRARY, sum_to
 from .primitives import PRIMITIVES
 from .parse import CONSTANTS, FUNCTION_NAMES, Source, Specialization, parse_expr
 from .variants import Variant, variants
-from ..kinds import Op, Pass, ValueKind
+from ..kinds import AttrType, Op, Pass, ValueKind
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ def _scope(spec: OpSpec) -> Dict[str, Node]:
     for i in spec.inputs:
         scope[i.name] = Node(Op.INPUT, (), (i.name,), ValueKind.FLOAT, input_dims(spec, i.name), i.loc)
     for a in spec.attrs:
-        if a.type != "str":  # a str attr is no value: comparisons with it fold (Specialization)
-            scope[a.name] = Node(Op.ATTR, (), (a.name,), ValueKind.BOOL if a.type == "bool" else ValueKind.FLOAT,
+        if a.type != AttrType.STR:  # a str attr is no value: comparisons with it fold (Specialization)
+            scope[a.name] = Node(Op.ATTR, (), (a.name,), ValueKind.BOOL if a.type == AttrType.BOOL else ValueKind.FLOAT,
                                  (), a.loc)
     return scope
 
@@ -95,7 +95,7 @@ def _scope(spec: OpSpec) -> Dict[str, Node]:
 def _specialization(spec: OpSpec, variant: Variant) -> Specialization:
     chosen = dict(variant.choices)
     return Specialization(
-        tuple((a.name, chosen[a.name], a.choices) for a in spec.attrs if a.type == "str"),
+        tuple((a.name, chosen[a.name], a.choices) for a in spec.attrs if a.type == AttrType.STR),
         tuple((i.name, i.name in variant.given) for i in spec.inputs if i.optional))
 
 
@@ -205,7 +205,7 @@ def _build(spec: OpSpec, variant: Variant) -> OpGraphs:
         outputs.append((o.name, node))
     _absent_used(spec, variant, (n for _, n in outputs), "forward", spec.forward)
     present = tuple(i.name for i in spec.inputs if not i.optional or i.name in variant.given)
-    attrs = tuple(a.name for a in spec.attrs if a.type != "str")
+    attrs = tuple(a.name for a in spec.attrs if a.type != AttrType.STR)
     input_nodes = tuple(scope[n] for n in present)
     forward = Graph(Pass.FORWARD, present, attrs, tuple(outputs), input_nodes,
                     kinks(n for _, n in outputs))
@@ -237,6 +237,7 @@ def _declared_grads(spec: OpSpec, scope, fixed, cot_nodes, diff, checked: Set[in
     bfixed.update({c: "the gradient of an output" for c in cot_nodes})
     bfixed.update({b.name: "defined in forward" for b in spec.forward})
     by_name = dict(zip(spec.input_names, (scope[n] for n in spec.input_names)))
+    assert spec.backward is not None  # called for a declaration that has a backward
     given = {}
     for b in spec.backward:
         if b.name not in spec.input_names:

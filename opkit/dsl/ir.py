@@ -10,7 +10,7 @@ import contextlib
 import contextvars
 import hashlib
 import weakref
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..errors import Loc
 from ..kinds import Op, ValueKind
@@ -134,9 +134,9 @@ def topo_order(roots: Iterable[Node]) -> List[Node]:
 
 
 # Python's binding strengths: comparisons < | < & < + - < * / < unary < **
-_INFIX = {"gt": (">", 1), "ge": (">=", 1), "lt": ("<", 1), "le": ("<=", 1), "eq": ("==", 1),
-          "ne": ("!=", 1), "or": ("|", 2), "and": ("&", 3), "add": ("+", 4), "sub": ("-", 4),
-          "mul": ("*", 5), "div": ("/", 5)}
+_INFIX = {Op.GT: (">", 1), Op.GE: (">=", 1), Op.LT: ("<", 1), Op.LE: ("<=", 1),
+          Op.EQ: ("==", 1), Op.NE: ("!=", 1), Op.OR: ("|", 2), Op.AND: ("&", 3),
+          Op.ADD: ("+", 4), Op.SUB: ("-", 4), Op.MUL: ("*", 5), Op.DIV: ("/", 5)}
 
 
 def format_expr(node: Node, names: Optional[Dict[int, str]] = None, prec: int = -10) -> str:
@@ -206,7 +206,7 @@ def _compose(node: Node, args: List[str], prec: int) -> str:
 
 
 # how library primitives print: op -> (argument texts, params) -> text
-FORMATTERS: Dict[str, object] = {}
+FORMATTERS: Dict[Op, Callable[[List[str], tuple], str]] = {}
 
 
 def _param_text(p) -> str:

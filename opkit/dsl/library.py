@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -108,7 +108,7 @@ def sum_to(value: Node, input_node: Node) -> Node:
     return Node(Op.SUM_TO, (value,), (input_node.name,), ValueKind.FLOAT, input_node.dims)
 
 
-register(LibraryPrimitive("sum_to", _run_sum_to, None,
+register(LibraryPrimitive(Op.SUM_TO, _run_sum_to, None,
                           "sum a gradient over the dims its input was broadcast along",
                           format=lambda a, p: f"sum_to({a[0]}, {p[0]})"))
 
@@ -151,7 +151,7 @@ def _sum_vjp(g, out, v):
     return (g,)  # broadcasting by name spreads g back over the summed dims
 
 
-register(LibraryPrimitive("sum", _run_sum, _sum_vjp,
+register(LibraryPrimitive(Op.SUM, _run_sum, _sum_vjp,
                           "sum over the dims not kept (named dims)",
                           format=lambda a, p: f"sum({a[0]}, keep=[{', '.join(p[0])}])"))
 
@@ -186,7 +186,7 @@ def _mean_vjp(g, out, v):
     return (Node(Op.SHARE, (g,), (removed,), ValueKind.FLOAT, g.dims),)
 
 
-register(LibraryPrimitive("mean", _run_mean, _mean_vjp,
+register(LibraryPrimitive(Op.MEAN, _run_mean, _mean_vjp,
                           "the mean over the dims not kept (named dims)",
                           format=lambda a, p: f"mean({a[0]}, keep=[{', '.join(p[0])}])"))
 
@@ -204,7 +204,7 @@ def _share_vjp(g, out, v):
     return (Node(Op.SHARE, (g,), out.params, ValueKind.FLOAT, g.dims),)
 
 
-register(LibraryPrimitive("share", _run_share, _share_vjp,
+register(LibraryPrimitive(Op.SHARE, _run_share, _share_vjp,
                           "a mean's gradient: divided by the number of elements it averaged",
                           format=lambda a, p: f"share({a[0]}, [{', '.join(p[0])}])"))
 
@@ -216,10 +216,10 @@ def dsl_mean(v: Node, dim: str) -> Node:
 # ------------------------------------------------------------------------------ max / min over dims
 # (the runtime first offers these and logsumexp to the module: runtime/reductions.py)
 
-_EXTREMES = {"amax": (np.max, -np.inf, "max"), "amin": (np.min, np.inf, "min")}
+_EXTREMES = {Op.AMAX: (np.max, -np.inf, "max"), Op.AMIN: (np.min, np.inf, "min")}
 
 
-def _run_extreme(ctx: Context, args, params, prim: str):
+def _run_extreme(ctx: Context, args, params, prim: Op):
     (arr, names), = args
     keep = params[0]
     axes = tuple(i for i, n in enumerate(names) if n not in keep)
@@ -238,7 +238,7 @@ def _extreme_vjp(g, out, v):
     return (apply(Op.MUL, apply(Op.DIV, g, reduce_to(hit, out.dims)), hit),)
 
 
-def extreme_over(prim: str, v: Node, keep: Tuple[str, ...]) -> Node:
+def extreme_over(prim: Op, v: Node, keep: Tuple[str, ...]) -> Node:
     if v.op == prim:  # amax(amax(v, H), W): one reduction over both dims
         v = v.args[0]
     return Node(prim, (v,), (tuple(keep),), ValueKind.FLOAT, tuple(keep))
@@ -252,11 +252,11 @@ for _prim, (_, _identity, _word) in _EXTREMES.items():
 
 
 def dsl_amax(v: Node, dim: str) -> Node:
-    return extreme_over("amax", v, _reduced(v, dim, "max"))
+    return extreme_over(Op.AMAX, v, _reduced(v, dim, "max"))
 
 
 def dsl_amin(v: Node, dim: str) -> Node:
-    return extreme_over("amin", v, _reduced(v, dim, "min"))
+    return extreme_over(Op.AMIN, v, _reduced(v, dim, "min"))
 
 
 # ------------------------------------------------------------------------------ logsumexp
@@ -284,7 +284,7 @@ def _logsumexp_vjp(g, out, v):
     return (apply(Op.MUL, g, apply(Op.EXP, apply(Op.SUB, v, out))),)  # g times softmax(v)
 
 
-register(LibraryPrimitive("logsumexp", _run_logsumexp, _logsumexp_vjp,
+register(LibraryPrimitive(Op.LOGSUMEXP, _run_logsumexp, _logsumexp_vjp,
                           "log(sum(exp(v))) over the dims not kept, without overflow",
                           format=lambda a, p: f"logsumexp({a[0]}, keep=[{', '.join(p[0])}])"))
 
@@ -296,7 +296,7 @@ def dsl_logsumexp(v: Node, dim: str) -> Node:
 
 # ------------------------------------------------------------------------------ einsum / matmul
 
-def _letters(*name_lists):
+def _letters(*name_lists: Tuple[str, ...]) -> Dict[str, str]:
     table: Dict[str, str] = {}
     for names in name_lists:
         for n in names:
@@ -336,7 +336,7 @@ def _einsum_vjp(g, out, a, b):
     return (einsum(g, b, a.dims), einsum(a, g, b.dims))
 
 
-register(LibraryPrimitive("einsum", _run_einsum, _einsum_vjp,
+register(LibraryPrimitive(Op.EINSUM, _run_einsum, _einsum_vjp,
                           "a product of two named-dim arrays summed over the dims the result lacks",
                           format=lambda a, p: f"einsum({a[0]}[{', '.join(p[0])}], "
                                               f"{a[1]}[{', '.join(p[1])}] -> [{', '.join(p[2])}])"))
@@ -393,9 +393,9 @@ def resample(x: np.ndarray, axis: int, n_out: int, nyquist: float, scale: float)
     spec = fft.rfft(x, axis=axis, norm=norm, **kw)
     short = min(n_in, n_out)
     if short % 2 == 0 and nyquist != 1.0:
-        nyq = [slice(None)] * x.ndim
-        nyq[axis] = short // 2
-        nyq = tuple(nyq)
+        at: List[Union[slice, int]] = [slice(None)] * x.ndim
+        at[axis] = short // 2
+        nyq = tuple(at)
         spec[nyq] = (spec[nyq] if n_out > n_in else spec[nyq].real) * nyquist
     result = fft.irfft(spec, n=n_out, axis=axis, norm=norm, **kw)
     if rest != 1.0:
@@ -442,7 +442,7 @@ def _fourier_vjp(g, out, v, factor):
     return (fourier(g, dim, factor, _TRANSPOSE[kind]), None)
 
 
-register(LibraryPrimitive("fourier", _run_fourier, _fourier_vjp,
+register(LibraryPrimitive(Op.FOURIER, _run_fourier, _fourier_vjp,
                           "band-limited resampling along one dim in the DFT domain",
                           scalar_args=(1,), format=lambda a, p: f"fft_{p[1]}({a[0]}, {p[0]}, {a[1]})",
                           mixes=lambda p: (p[0],)))
@@ -638,13 +638,13 @@ def _conv_format(what: str):
     return lambda a, p: f"{what}({a[0]}, {a[1]}, stride={a[2]}, padding={a[3]})"
 
 
-register(LibraryPrimitive("conv2d", _run_conv2d, _conv2d_vjp,
+register(LibraryPrimitive(Op.CONV2D, _run_conv2d, _conv2d_vjp,
                           "2-d convolution (cross-correlation) of x[N, C, H, W] with w[O, C, KH, KW]",
                           scalar_args=(2, 3), format=_conv_format("conv2d"), sizes=_conv_sizes))
-register(LibraryPrimitive("conv2d_dx", _run_conv2d_dx, _conv2d_dx_vjp,
+register(LibraryPrimitive(Op.CONV2D_DX, _run_conv2d_dx, _conv2d_dx_vjp,
                           "conv2d's gradient with respect to x: a transposed convolution",
                           scalar_args=(2, 3), format=_conv_format("conv2d_dx")))
-register(LibraryPrimitive("conv2d_dw", _run_conv2d_dw, _conv2d_dw_vjp,
+register(LibraryPrimitive(Op.CONV2D_DW, _run_conv2d_dw, _conv2d_dw_vjp,
                           "conv2d's gradient with respect to w: a correlation of x with dy",
                           scalar_args=(2, 3), format=_conv_format("conv2d_dw")))
 

@@ -11,7 +11,7 @@ import io
 import math
 import tokenize
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from ..errors import Loc, SpecError
 from .ir import Node, const
@@ -19,11 +19,13 @@ from . import library
 from .primitives import PRIMITIVES, apply
 from ..kinds import Op, ValueKind
 
-_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
-           ast.BitAnd: "and", ast.BitOr: "or"}
-_CMPOPS = {ast.Gt: "gt", ast.GtE: "ge", ast.Lt: "lt", ast.LtE: "le", ast.Eq: "eq", ast.NotEq: "ne"}
+_BINOPS = {ast.Add: Op.ADD, ast.Sub: Op.SUB, ast.Mult: Op.MUL, ast.Div: Op.DIV,
+           ast.BitAnd: Op.AND, ast.BitOr: Op.OR}
+_CMPOPS = {ast.Gt: Op.GT, ast.GtE: Op.GE, ast.Lt: Op.LT, ast.LtE: Op.LE, ast.Eq: Op.EQ,
+           ast.NotEq: Op.NE}
+F, B = ValueKind.FLOAT, ValueKind.BOOL
 CONSTANTS = {"pi": math.pi, "e": math.e, "inf": math.inf}
-def _primitive_builder(name: str):
+def _primitive_builder(name: Op) -> Callable[..., Node]:
     return lambda *args: apply(name, *args)
 
 
@@ -32,8 +34,8 @@ def _primitive_builder(name: str):
 _FUNCTIONS: Dict[str, tuple] = {
     **{p.function: (len(p.arg_kinds), _primitive_builder(p.name))
        for p in PRIMITIVES.values() if p.function},
-    "minimum": (2, _primitive_builder("min")),   # NumPy's spellings
-    "maximum": (2, _primitive_builder("max")),
+    "minimum": (2, _primitive_builder(Op.MIN)),   # NumPy's spellings
+    "maximum": (2, _primitive_builder(Op.MAX)),
     "matmul": (2, library.matmul),
     "sum": (2, library.dsl_sum),
     "fft_up": (3, library.fft_up),
@@ -144,7 +146,7 @@ class _Parser:
     def loc(self, node: ast.AST) -> Loc:
         return self.src.position(getattr(node, "col_offset", 0))
 
-    def need(self, value: Node, kind: str, node: ast.AST, role: str) -> Node:
+    def need(self, value: Node, kind: ValueKind, node: ast.AST, role: str) -> Node:
         if value.kind != kind:
             if kind == ValueKind.FLOAT:
                 raise self.src.error(f"{role} must be a number, but this is a true/false condition; "
@@ -153,14 +155,14 @@ class _Parser:
                                  "x > 0), but this is a number", node)
         return value
 
-    def build(self, prim: str, node: ast.AST, *args: Node) -> Node:
+    def build(self, prim: Op, node: ast.AST, *args: Node) -> Node:
         return apply(prim, *args, loc=self.loc(node))
 
     # --- leaves
     def _Constant(self, node: ast.Constant) -> Node:
         v = node.value
         if isinstance(v, bool):
-            return const(v, "bool")
+            return const(v, B)
         if isinstance(v, (int, float)):
             return const(float(v))
         if isinstance(v, str):
@@ -209,14 +211,14 @@ class _Parser:
         text = next((s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)),
                     None)
         known = self.special.string(name.id) if name is not None else None
-        if known is None or text is None:
+        if name is None or known is None or text is None:
             raise self.src.error("a string can only be compared with a str attr, as in "
                                  'approximate == "tanh"', node)
         value, choices = known
         if text.value not in choices:
             raise self.src.error(f"{text.value!r} is not a choice of {name.id} "
                                  f"({', '.join(map(repr, choices))})", text)
-        return const((value == text.value) == isinstance(node.ops[0], ast.Eq), "bool")
+        return const((value == text.value) == isinstance(node.ops[0], ast.Eq), B)
 
     def _is_given(self, node: ast.Call) -> Node:
         if len(node.args) != 1 or node.keywords or not isinstance(node.args[0], ast.Name):
@@ -227,32 +229,32 @@ class _Parser:
             what = "an input that is not optional: declare it `optional: true`" \
                 if name in self.names and self.names[name].op == Op.INPUT else "not an optional input"
             raise self.src.error(f"is_given({name}): {name} is {what}", node.args[0])
-        return const(given, "bool")
+        return const(given, B)
 
     # --- operators
     def _BinOp(self, node: ast.BinOp) -> Node:
         left, right = self.value(node.left), self.value(node.right)
         if isinstance(node.op, ast.Pow):
-            self.need(left, "float", node.left, "the base of **")
-            self.need(right, "float", node.right, "the exponent of **")
+            self.need(left, F, node.left, "the base of **")
+            self.need(right, F, node.right, "the exponent of **")
             if not right.is_const:
-                return self.build("pow", node, left, right)
+                return self.build(Op.POW, node, left, right)
             if right.value == 0.0:
                 return const(1.0)  # as pow(x, 0) is 1 for every x, NaN included
             if right.value == 1.0:
                 return left
             if right.value == 2.0:
-                return self.build("mul", node, left, left)
-            return self.build("pow", node, left, right)
+                return self.build(Op.MUL, node, left, left)
+            return self.build(Op.POW, node, left, right)
         prim = _BINOPS.get(type(node.op))
         if prim is None:
             at = self._operator_at(node)
             if isinstance(node.op, ast.BitXor):
                 raise self.src.error("^ is not a power here: write a ** b (or exp(x) for e ** x)", at)
             raise self.src.error(f"the operator {_describe(node.op)} is not supported", at)
-        kind = "bool" if prim in (Op.AND, Op.OR) else "float"
-        role = "each side of & and |" if kind == ValueKind.BOOL else f"each side of {_symbol(node.op)}"
-        if kind == ValueKind.BOOL and "float" in (left.kind, right.kind):
+        kind = B if prim in (Op.AND, Op.OR) else F
+        role = "each side of & and |" if kind == B else f"each side of {_symbol(node.op)}"
+        if kind == B and F in (left.kind, right.kind):
             raise self.src.error("each side of & and | must be a true/false condition; & and | bind "
                                  "tighter than comparisons, so write (x > 0) & (x < 1)", node)
         self.need(left, kind, node.left, role)
@@ -272,10 +274,10 @@ class _Parser:
     def _UnaryOp(self, node: ast.UnaryOp) -> Node:
         operand = self.value(node.operand)
         if isinstance(node.op, ast.UAdd):
-            return self.need(operand, "float", node.operand, "the operand of +")
+            return self.need(operand, F, node.operand, "the operand of +")
         if isinstance(node.op, ast.USub):
-            return self.build("neg", node, self.need(operand, "float", node.operand, "the operand of -"))
-        return self.build("not", node, self.need(operand, "bool", node.operand, "the operand of ~ / not"))
+            return self.build(Op.NEG, node, self.need(operand, F, node.operand, "the operand of -"))
+        return self.build(Op.NOT, node, self.need(operand, B, node.operand, "the operand of ~ / not"))
 
     def _Compare(self, node: ast.Compare) -> Node:
         if self._string_test(node):
@@ -288,16 +290,17 @@ class _Parser:
             if prim is None:
                 raise self.src.error(f"the comparison {_describe(op)} is not supported", node)
             right = self.value(right_ast)
-            self.need(left, "float", left_ast, "each side of a comparison")
-            self.need(right, "float", right_ast, "each side of a comparison")
+            self.need(left, F, left_ast, "each side of a comparison")
+            self.need(right, F, right_ast, "each side of a comparison")
             cmp = self.build(prim, node, left, right)
-            result = cmp if result is None else self.build("and", node, result, cmp)
+            result = cmp if result is None else self.build(Op.AND, node, result, cmp)
             left, left_ast = right, right_ast
+        assert result is not None  # Python's grammar gives a comparison at least one operator
         return result
 
     def _BoolOp(self, node: ast.BoolOp) -> Node:
-        prim = "and" if isinstance(node.op, ast.And) else "or"
-        values = [self.need(self.value(v), "bool", v, f"each operand of {prim}")
+        prim = Op.AND if isinstance(node.op, ast.And) else Op.OR
+        values = [self.need(self.value(v), B, v, f"each operand of {prim}")
                   for v in node.values]
         result = values[0]
         for v in values[1:]:
@@ -306,11 +309,11 @@ class _Parser:
 
     def _IfExp(self, node: ast.IfExp) -> Node:
         branch = "each branch of `a if c else b`"
-        cond = self.need(self.value(node.test), "bool", node.test,
+        cond = self.need(self.value(node.test), B, node.test,
                          "the condition of `a if c else b`")
-        a = self.need(self.value(node.body), "float", node.body, branch)
-        b = self.need(self.value(node.orelse), "float", node.orelse, branch)
-        return self.build("where", node, cond, a, b)
+        a = self.need(self.value(node.body), F, node.body, branch)
+        b = self.need(self.value(node.orelse), F, node.orelse, branch)
+        return self.build(Op.WHERE, node, cond, a, b)
 
     def _call_operands(self, node: ast.Call) -> List[ast.AST]:
         if not isinstance(node.func, ast.Name):
@@ -336,22 +339,22 @@ class _Parser:
         _, _, kinds = self._form(node)
         return [a for a, kind in zip(node.args, kinds) if kind != "dim"]
 
-    def _form(self, node: ast.Call):
+    def _form(self, node: ast.Call) -> Tuple[Callable, str, Tuple[str, ...]]:
         """(builder, its name, argument kinds) of a call: `max(v, D)` and `min(v, D)` whose D is
         a name that holds no value (a dim name) are the reductions amax and amin."""
-        fname = node.func.id
+        fname = _callee(node)
         last = node.args[-1] if node.args else None
         if fname in _REDUCING and len(node.args) == 2 and isinstance(last, ast.Name) and \
                 last.id not in self.names and last.id not in CONSTANTS:
             fname = _REDUCING[fname]
         nargs, builder = _FUNCTIONS[fname]
-        return builder, fname, _CALL_KINDS.get(fname, ("float",) * nargs)
+        return builder, fname, _CALL_KINDS.get(fname, (F,) * nargs)
 
     def _Call(self, node: ast.Call) -> Node:
-        if node.func.id == "is_given":
+        if _callee(node) == "is_given":
             return self._is_given(node)
         builder, fname, kinds = self._form(node)
-        args = []
+        args: List[Union[str, Node]] = []  # dim names and values
         for i, (a, kind) in enumerate(zip(node.args, kinds)):
             if kind == "dim":  # a dim name such as H or K, not a value
                 if not isinstance(a, ast.Name):
@@ -365,7 +368,7 @@ class _Parser:
                     raise self.src.error(f"argument {i + 1} of {fname}() must be an attr or a "
                                          "number", a)
             elif kind != "any":
-                self.need(value, kind, a, f"argument {i + 1} of {fname}()")
+                self.need(value, ValueKind(kind), a, f"argument {i + 1} of {fname}()")
             args.append(value)
         try:
             result = builder(*args)
@@ -378,11 +381,19 @@ class _Parser:
         return result
 
 
-_CALL_KINDS = {"sum": ("float", "dim"), "fft_up": ("float", "dim", "scalar"),
-               "fft_down": ("float", "dim", "scalar"), "mean": ("float", "dim"),
-               "amax": ("float", "dim"), "amin": ("float", "dim"), "logsumexp": ("float", "dim"),
-               "conv2d": ("float", "float", "scalar", "scalar"),
-               **{p.function: p.arg_kinds for p in PRIMITIVES.values() if p.function}}
+# the kind of each argument of a call: a ValueKind, or "dim" (a dim name), "scalar" (an attr or
+# a number), "any"
+_CALL_KINDS: Dict[str, Tuple[str, ...]] = {
+    "sum": (F, "dim"), "fft_up": (F, "dim", "scalar"), "fft_down": (F, "dim", "scalar"),
+    "mean": (F, "dim"), "amax": (F, "dim"), "amin": (F, "dim"), "logsumexp": (F, "dim"),
+    "conv2d": (F, F, "scalar", "scalar"),
+    **{p.function: p.arg_kinds for p in PRIMITIVES.values() if p.function}}
+
+
+def _callee(node: ast.Call) -> str:
+    """The name a call calls; operands() lets only calls of plain names through."""
+    assert isinstance(node.func, ast.Name)
+    return node.func.id
 
 
 def _describe(node) -> str:

@@ -17,11 +17,12 @@ check treats a change of any of them as a kink.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .ir import Dims, Node, const
+from ..errors import Loc
 from ..kinds import Op, ValueKind
 
 F, B = ValueKind.FLOAT, ValueKind.BOOL
@@ -75,7 +76,7 @@ def _dims(args: Sequence[Node]) -> Dims:
     named = [a.dims for a in args if a.dims is not None]
     if len(named) < len(args):
         return None  # something positional: the full elementwise space
-    out = []
+    out: List[str] = []
     for d in sorted(named, key=len, reverse=True):
         out.extend(n for n in d if n not in out)
     return tuple(out)
@@ -84,7 +85,7 @@ def _dims(args: Sequence[Node]) -> Dims:
 ZERO, ONE = const(0.0), const(1.0)
 
 
-def apply(name: str, *args: Node, loc=None) -> Node:
+def apply(name: Op, *args: Node, loc: Optional[Loc] = None) -> Node:
     """Build `name(args)`, folding constants and applying exact algebraic rewrites."""
     p = PRIMITIVES[name]
     if all(a.is_const for a in args):
@@ -102,8 +103,9 @@ def _is(node: Node, value: float) -> bool:
 
 
 # comparisons of the same two operands that cannot both hold (NaN makes every one false but ne)
-_EXCLUSIVE = {"gt": ("lt", "le", "eq"), "lt": ("gt", "ge", "eq"), "ge": ("lt",), "le": ("gt",),
-              "eq": ("gt", "lt", "ne"), "ne": ("eq",)}
+_EXCLUSIVE: Dict[Op, Tuple[Op, ...]] = {
+    Op.GT: (Op.LT, Op.LE, Op.EQ), Op.LT: (Op.GT, Op.GE, Op.EQ), Op.GE: (Op.LT,), Op.LE: (Op.GT,),
+    Op.EQ: (Op.GT, Op.LT, Op.NE), Op.NE: (Op.EQ,)}
 
 
 def _excludes(c: Node, d: Node) -> bool:
@@ -111,7 +113,7 @@ def _excludes(c: Node, d: Node) -> bool:
     return c.args == d.args and d.op in _EXCLUSIVE.get(c.op, ())
 
 
-def _simplify(name: str, a: Tuple[Node, ...]) -> Optional[Node]:
+def _simplify(name: Op, a: Tuple[Node, ...]) -> Optional[Node]:
     # Rewrites that never change a result; they keep derived gradients small.
     if name == Op.ADD:
         if _is(a[1], 0.0):
@@ -220,13 +222,13 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-_register(Primitive("add", (F, F), F, np.add, lambda g, out, x, y: (g, g), doc="x + y"))
-_register(Primitive("sub", (F, F), F, np.subtract, lambda g, out, x, y: (g, neg(g)), doc="x - y"))
-_register(Primitive("mul", (F, F), F, np.multiply, lambda g, out, x, y: (mul(g, y), mul(g, x)),
+_register(Primitive(Op.ADD, (F, F), F, np.add, lambda g, out, x, y: (g, g), doc="x + y"))
+_register(Primitive(Op.SUB, (F, F), F, np.subtract, lambda g, out, x, y: (g, neg(g)), doc="x - y"))
+_register(Primitive(Op.MUL, (F, F), F, np.multiply, lambda g, out, x, y: (mul(g, y), mul(g, x)),
                     doc="x * y"))
-_register(Primitive("div", (F, F), F, np.divide,
+_register(Primitive(Op.DIV, (F, F), F, np.divide,
                     lambda g, out, x, y: (div(g, y), neg(div(mul(g, out), y))), doc="x / y"))
-_register(Primitive("neg", (F,), F, np.negative, lambda g, out, x: (neg(g),), doc="-x"))
+_register(Primitive(Op.NEG, (F,), F, np.negative, lambda g, out, x: (neg(g),), doc="-x"))
 
 
 def _pow_vjp(g, out, x, e):
@@ -237,24 +239,24 @@ def _pow_vjp(g, out, x, e):
     return base, masked(negate(zero_base), mul(g, mul(out, apply(Op.LOG, x))))
 
 
-_register(Primitive("pow", (F, F), F, np.power, _pow_vjp, doc="x to the power e (also `x ** e`)",
+_register(Primitive(Op.POW, (F, F), F, np.power, _pow_vjp, doc="x to the power e (also `x ** e`)",
                     grad_doc="`dy * e * x ** (e - 1)` to x, `dy * x ** e * log(x)` to e (0 where "
                              "x is 0 and e >= 0, as PyTorch)", function="pow"))
 
 # ------------------------------------------------------------------------------ comparisons
 
-for _name, _fn, _sym in (("gt", np.greater, ">"), ("ge", np.greater_equal, ">="),
-                         ("lt", np.less, "<"), ("le", np.less_equal, "<="),
-                         ("eq", np.equal, "=="), ("ne", np.not_equal, "!=")):
-    _register(Primitive(_name, (F, F), B, _fn, None, doc=f"x {_sym} y (true/false)"))
+for _cmp, _cmp_fn, _sym in ((Op.GT, np.greater, ">"), (Op.GE, np.greater_equal, ">="),
+                           (Op.LT, np.less, "<"), (Op.LE, np.less_equal, "<="),
+                           (Op.EQ, np.equal, "=="), (Op.NE, np.not_equal, "!=")):
+    _register(Primitive(_cmp, (F, F), B, _cmp_fn, None, doc=f"x {_sym} y (true/false)"))
 
-_register(Primitive("and", (B, B), B, np.logical_and, None, doc="c & d"))
-_register(Primitive("or", (B, B), B, np.logical_or, None, doc="c | d"))
-_register(Primitive("not", (B,), B, np.logical_not, None, doc="~c"))
+_register(Primitive(Op.AND, (B, B), B, np.logical_and, None, doc="c & d"))
+_register(Primitive(Op.OR, (B, B), B, np.logical_or, None, doc="c | d"))
+_register(Primitive(Op.NOT, (B,), B, np.logical_not, None, doc="~c"))
 
 # ------------------------------------------------------------------------------ selection
 
-_register(Primitive("where", (B, F, F), F, np.where,
+_register(Primitive(Op.WHERE, (B, F, F), F, np.where,
                     lambda g, out, c, x, y: (None, Masked(c, g), Masked(negate(c), g)),
                     doc="`x` where the condition `c` holds, else `y`",
                     branch=lambda c, x, y: (c,), grad_doc="flows to the branch taken",
@@ -277,10 +279,10 @@ def _minmax_vjp(larger: bool):
 
 
 # NaN propagates from either argument (as NumPy's minimum/maximum)
-_register(Primitive("min", (F, F), F, _np_min, _minmax_vjp(False),
+_register(Primitive(Op.MIN, (F, F), F, _np_min, _minmax_vjp(False),
                     doc="the smaller of x and y; NaN propagates", branch=_ordered, function="min",
                     grad_doc="to the argument picked, halved on a tie (PyTorch's minimum)"))
-_register(Primitive("max", (F, F), F, _np_max, _minmax_vjp(True),
+_register(Primitive(Op.MAX, (F, F), F, _np_max, _minmax_vjp(True),
                     doc="the larger of x and y; NaN propagates", branch=_ordered, function="max",
                     grad_doc="to the argument picked, halved on a tie (PyTorch's maximum)"))
 
@@ -298,7 +300,7 @@ def _clamp_vjp(g, out, x, lo, hi):
     return Masked(inside, g), Masked(below, g), Masked(above, g)
 
 
-_register(Primitive("clamp", (F, F, F), F, lambda x, lo, hi: _np_min(_np_max(x, lo), hi),
+_register(Primitive(Op.CLAMP, (F, F, F), F, lambda x, lo, hi: _np_min(_np_max(x, lo), hi),
                     _clamp_vjp, branch=_clamp_branch, function="clamp", doc="min(max(x, lo), hi); NaN propagates",
                     grad_doc="to x inside [lo, hi], bounds included; to lo below it, to hi above "
                              "(PyTorch's clamp)"))
@@ -315,25 +317,25 @@ def _abs_vjp(g, out, x):
 
 # ------------------------------------------------------------------------------ transcendental
 
-_register(Primitive("exp", (F,), F, np.exp, lambda g, out, x: (mul(g, out),), doc="e ** x",
+_register(Primitive(Op.EXP, (F,), F, np.exp, lambda g, out, x: (mul(g, out),), doc="e ** x",
                     grad_doc="`dy * exp(x)`", function="exp"))
-_register(Primitive("expm1", (F,), F, np.expm1, lambda g, out, x: (mul(g, add(out, ONE)),),
+_register(Primitive(Op.EXPM1, (F,), F, np.expm1, lambda g, out, x: (mul(g, add(out, ONE)),),
                     doc="e ** x - 1, exact near 0", grad_doc="`dy * (expm1(x) + 1)`",
                     function="expm1"))
-_register(Primitive("log1p", (F,), F, np.log1p, lambda g, out, x: (div(g, add(x, ONE)),),
+_register(Primitive(Op.LOG1P, (F,), F, np.log1p, lambda g, out, x: (div(g, add(x, ONE)),),
                     doc="log(1 + x), exact near 0", grad_doc="`dy / (x + 1)`", function="log1p"))
-_register(Primitive("log", (F,), F, np.log, lambda g, out, x: (div(g, x),),
+_register(Primitive(Op.LOG, (F,), F, np.log, lambda g, out, x: (div(g, x),),
                     doc="natural logarithm", grad_doc="`dy / x`", function="log"))
-_register(Primitive("sqrt", (F,), F, np.sqrt, lambda g, out, x: (div(mul(g, const(0.5)), out),),
+_register(Primitive(Op.SQRT, (F,), F, np.sqrt, lambda g, out, x: (div(mul(g, const(0.5)), out),),
                     doc="square root", grad_doc="`dy * 0.5 / sqrt(x)`", function="sqrt"))
-_register(Primitive("abs", (F,), F, np.abs, _abs_vjp,
+_register(Primitive(Op.ABS, (F,), F, np.abs, _abs_vjp,
                     doc="\\|x\\|", branch=_abs_branch, function="abs",
                     grad_doc="`dy` times the sign of x; 0 at x == 0 and at NaN (PyTorch's abs)"))
-_register(Primitive("sigmoid", (F,), F, _sigmoid,
+_register(Primitive(Op.SIGMOID, (F,), F, _sigmoid,
                     lambda g, out, x: (mul(g, mul(out, sub(ONE, out))),),
                     doc="1 / (1 + e ** -x)", function="sigmoid",
                     grad_doc="`dy * s * (1 - s)`, s = sigmoid(x)"))
-_register(Primitive("tanh", (F,), F, np.tanh, lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),),
+_register(Primitive(Op.TANH, (F,), F, np.tanh, lambda g, out, x: (mul(g, sub(ONE, mul(out, out))),),
                     doc="hyperbolic tangent", grad_doc="`dy * (1 - t * t)`, t = tanh(x)",
                     function="tanh"))
 
@@ -375,9 +377,9 @@ def _erfc_vjp(g, out, x):
     return (neg(_erf_vjp(g, out, x)[0]),)
 
 
-_register(Primitive("erf", (F,), F, _erf, _erf_vjp, doc="the error function",
+_register(Primitive(Op.ERF, (F,), F, _erf, _erf_vjp, doc="the error function",
                     grad_doc="`dy * 2 / sqrt(pi) * exp(-x * x)`", function="erf"))
-_register(Primitive("erfc", (F,), F, _erfc, _erfc_vjp, doc="1 - erf(x), exact for large x",
+_register(Primitive(Op.ERFC, (F,), F, _erfc, _erfc_vjp, doc="1 - erf(x), exact for large x",
                     grad_doc="`-dy * 2 / sqrt(pi) * exp(-x * x)`", function="erfc"))
 
 
@@ -385,28 +387,28 @@ def _zero_vjp(g, out, *args):
     return tuple(ZERO for _ in args)  # a step function: 0 almost everywhere (as PyTorch)
 
 
-def _itself(name):
+def _itself(name: Op) -> Callable:
     return lambda x: (apply(name, x),)  # the integer piece changes at every step
 
 
-for _name, _fn, _doc in (("floor", np.floor, "the largest whole number <= x"),
-                         ("ceil", np.ceil, "the smallest whole number >= x"),
-                         ("round", np.rint, "the nearest whole number, ties to even")):
-    _register(Primitive(_name, (F,), F, _fn, _zero_vjp, doc=_doc, grad_doc="0",
-                        branch=_itself(_name), function=_name))
+for _step, _step_fn, _doc in ((Op.FLOOR, np.floor, "the largest whole number <= x"),
+                              (Op.CEIL, np.ceil, "the smallest whole number >= x"),
+                              (Op.ROUND, np.rint, "the nearest whole number, ties to even")):
+    _register(Primitive(_step, (F,), F, _step_fn, _zero_vjp, doc=_doc, grad_doc="0",
+                        branch=_itself(_step), function=_step.value))
 
-_register(Primitive("sign", (F,), F, np.sign, _zero_vjp, doc="-1, 0 or 1 by the sign of x; NaN stays NaN",
+_register(Primitive(Op.SIGN, (F,), F, np.sign, _zero_vjp, doc="-1, 0 or 1 by the sign of x; NaN stays NaN",
                     grad_doc="0", branch=lambda x: (apply(Op.GT, x, ZERO), apply(Op.LT, x, ZERO)),
                     function="sign"))
-_register(Primitive("sin", (F,), F, np.sin, lambda g, out, x: (mul(g, apply(Op.COS, x)),),
+_register(Primitive(Op.SIN, (F,), F, np.sin, lambda g, out, x: (mul(g, apply(Op.COS, x)),),
                     doc="sine", grad_doc="`dy * cos(x)`", function="sin"))
-_register(Primitive("cos", (F,), F, np.cos, lambda g, out, x: (neg(mul(g, apply(Op.SIN, x))),),
+_register(Primitive(Op.COS, (F,), F, np.cos, lambda g, out, x: (neg(mul(g, apply(Op.SIN, x))),),
                     doc="cosine", grad_doc="`-dy * sin(x)`", function="cos"))
-_register(Primitive("softplus", (F,), F, lambda x: np.logaddexp(0.0, x),
+_register(Primitive(Op.SOFTPLUS, (F,), F, lambda x: np.logaddexp(0.0, x),
                     lambda g, out, x: (mul(g, apply(Op.SIGMOID, x)),),
                     doc="log(1 + e ** x), without overflow", grad_doc="`dy * sigmoid(x)`",
                     function="softplus"))
-_register(Primitive("isnan", (F,), B, np.isnan, None, doc="x is NaN (a condition)",
+_register(Primitive(Op.ISNAN, (F,), B, np.isnan, None, doc="x is NaN (a condition)",
                     grad_doc="none", function="isnan"))
-_register(Primitive("isinf", (F,), B, np.isinf, None, doc="x is +inf or -inf (a condition)",
+_register(Primitive(Op.ISINF, (F,), B, np.isinf, None, doc="x is +inf or -inf (a condition)",
                     grad_doc="none", function="isinf"))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Mapping, Tuple
+from typing import List, Mapping, Tuple
 
 from ..errors import SpecError
+from ..kinds import AttrType
 from ..spec.model import OpSpec
 
 # Every variant is compiled into the operator's module: keep the product of the choices small.
@@ -46,10 +47,10 @@ class Variant:
 def variants(spec: OpSpec) -> Tuple[Variant, ...]:
     """Every variant of `spec`; the first has every str attr at its default (else its first
     choice) and no optional input."""
-    axes = []
+    axes: List[List[Tuple[str, str]]] = []
     for a in spec.attrs:
-        if a.type == "str":
-            first = a.default if a.default is not None else a.choices[0]
+        if a.type == AttrType.STR:
+            first = a.default if isinstance(a.default, str) else a.choices[0]
             axes.append([(a.name, first)] + [(a.name, c) for c in a.choices if c != first])
     optional = [i.name for i in spec.inputs if i.optional]
     count = 2 ** len(optional)
@@ -59,7 +60,7 @@ def variants(spec: OpSpec) -> Tuple[Variant, ...]:
         raise SpecError(f"the str attrs' choices and the optional inputs make {count} variants, "
                         f"each compiled into the module; at most {MAX_VARIANTS} are supported: "
                         "split the operator", spec.loc)
-    out = []
+    out: List[Variant] = []
     for given in itertools.product((False, True), repeat=len(optional)):
         present = tuple(n for n, g in zip(optional, given) if g)
         for choice in itertools.product(*axes):
@@ -67,9 +68,10 @@ def variants(spec: OpSpec) -> Tuple[Variant, ...]:
     return tuple(out)
 
 
-def pick(all_variants: Tuple[Variant, ...], choices: Mapping[str, str],
+def pick(all_variants: Tuple[Variant, ...], choices: Mapping[str, object],
          given: Tuple[str, ...]) -> Variant:
-    """The variant for a call's str attr values and the optional inputs it gives."""
+    """The variant for a call's str attr values (`choices`: the call's attrs, of which the str
+    ones are read) and the optional inputs it gives."""
     for v in all_variants:
         if v.given == given and all(choices[a] == value for a, value in v.choices):
             return v

@@ -77,7 +77,8 @@ def inplace_safe(plan: Plan, out: Value, inp: Value) -> bool:
     """`out` may overwrite `inp` if nothing reads `inp` after the kernel that writes `out`."""
     writer = next((i for i, s in enumerate(plan.steps)
                    if isinstance(s, Kernel) and out in s.outputs), None)
-    if writer is None or inp not in plan.steps[writer].inputs:
+    kernel = plan.steps[writer] if writer is not None else None
+    if writer is None or not isinstance(kernel, Kernel) or inp not in kernel.inputs:
         return False
     readers = [i for i, s in enumerate(plan.steps) if inp in s.reads]
     return all(i <= writer for i in readers)

@@ -10,11 +10,15 @@ memory-layout mismatch, the result needed elsewhere, an unsupported pattern).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from ..errors import Loc
 from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, OpSpec
-from .plan import LOAD, Fused, FusionNote, Kernel, Kind, LibCall, Plan, Stat, Value
+from .plan import LOAD, Fused, FusionNote, Kernel, Kind, LibCall, Plan, Stat, Step, Value
 from ..kinds import Op
+
+# the steps of a plan before its epilogues are fused
+Unfused = Union[Kernel, LibCall]
 
 
 def producer_name(call: LibCall) -> str:
@@ -41,7 +45,7 @@ def physical(dims: Tuple[str, ...], layout: str, spatial: bool) -> Tuple[str, ..
     return dims
 
 
-def _consumer(kernel: Kernel, value: Value) -> Tuple[str, object]:
+def _consumer(kernel: Kernel, value: Value) -> Tuple[str, Optional[Loc]]:
     """The primitive that first uses `value` in `kernel`, and where it is written."""
     slot = kernel.inputs.index(value)
     reg = next(i.dst for i in kernel.body if i.op == LOAD and i.slot == slot)
@@ -54,7 +58,11 @@ def _consumer(kernel: Kernel, value: Value) -> Tuple[str, object]:
 class _Analysis:
     def __init__(self, plan: Plan, spec: OpSpec):
         self.plan, self.spec = plan, spec
-        self.steps = list(plan.steps)
+        self.steps: List[Unfused] = []
+        for step in plan.steps:
+            if isinstance(step, Fused):
+                raise ValueError(f"{step.name}: the plan's epilogues are fused already")
+            self.steps.append(step)
         self.readers: Dict[Value, List[int]] = {}
         self.writer: Dict[Value, int] = {}
         for i, s in enumerate(self.steps):
@@ -64,13 +72,15 @@ class _Analysis:
                 self.writer[v] = i
         self.notes: List[FusionNote] = []
 
-    def note(self, call: LibCall, consumer: str, loc, fused: bool, reason: str) -> None:
+    def note(self, call: LibCall, consumer: str, loc: Optional[Loc], fused: bool,
+             reason: str) -> None:
         self.notes.append(FusionNote(self.plan.kind, producer_name(call), call.loc, consumer, loc,
                                      fused, reason))
 
     def depends_on(self, step: int, values: Set[Value]) -> bool:
         """Whether step reads any of `values`, directly or through earlier steps."""
-        seen, stack = set(), [step]
+        seen: Set[int] = set()
+        stack = [step]
         while stack:
             i = stack.pop()
             for v in self.steps[i].reads:
@@ -82,7 +92,7 @@ class _Analysis:
                     stack.append(w)
         return False
 
-    def stat_of(self, step, result: Value, channel: str) -> Optional[Stat]:
+    def stat_of(self, step: Unfused, result: Value, channel: str) -> Optional[Stat]:
         """`step` as a per-channel statistic of `result`, if it is one."""
         keep = (channel,)
         if isinstance(step, LibCall):
@@ -103,6 +113,8 @@ class _Analysis:
         """The call layouts the kernel can be the call's epilogue in, and why not in the others
         (empty list and a reason when in none)."""
         dims = call.dims
+        if dims is None:
+            return (), [f"unsupported pattern: the {producer_name(call)} result has no named dims"]
         spatial = call.prim == Op.CONV2D
         ok = list(self.spec.layouts)
         problems: List[str] = []
@@ -127,7 +139,7 @@ class _Analysis:
                                     f"[{', '.join(want)}]")
         return tuple(ok), problems
 
-    def _stored(self, v: Value, dims) -> Optional[Tuple[str, ...]]:
+    def _stored(self, v: Value, dims: Tuple[str, ...]) -> Optional[Tuple[str, ...]]:
         """The memory order of an input declared with shape: [...] (its declared order)."""
         if v.kind is Kind.INPUT and v.name in self.spec.input_names:
             shape = self.spec.input(v.name).shape
@@ -148,21 +160,21 @@ def fuse_epilogues(plan: Plan, spec: OpSpec) -> Plan:
     if not fused and not a.notes:
         return plan
     taken = {j for _, idx in fused for j in idx}
-    order: List[Tuple[int, object]] = [(i, s) for i, s in enumerate(a.steps) if i not in taken]
+    order: List[Tuple[int, Step]] = [(i, s) for i, s in enumerate(a.steps) if i not in taken]
     order += [(min(idx), f) for f, idx in fused]
     steps = _topological(order)
     return Plan(plan.kind, plan.inputs, plan.attrs, plan.outputs, tuple(steps), plan.temps,
                 tuple(a.notes))
 
 
-def _fuse_call(a: _Analysis, i: int, call: LibCall):
+def _fuse_call(a: _Analysis, i: int, call: LibCall) -> Optional[Tuple[Fused, List[int]]]:
     result = call.result
     readers = a.readers.get(result, [])
-    kernels = [j for j in readers if isinstance(a.steps[j], Kernel)]
+    kernels = [s for s in (a.steps[j] for j in readers) if isinstance(s, Kernel)]
     channel = channel_dim(call)
     if result.kind is Kind.OUTPUT:
-        for j in kernels:
-            consumer, loc = _consumer(a.steps[j], result)
+        for k in kernels:
+            consumer, loc = _consumer(k, result)
             a.note(call, consumer, loc, False, f"the {producer_name(call)} result is needed "
                    f"elsewhere: it is the output {result} as well")
         if channel is None:
@@ -170,38 +182,41 @@ def _fuse_call(a: _Analysis, i: int, call: LibCall):
         # the call alone, stored straight into its output block by block
         return Fused(call.name, call, None, (), channel, tuple(a.spec.layouts)), [i]
     if channel is None:
-        for j in kernels:
-            consumer, loc = _consumer(a.steps[j], result)
+        for k in kernels:
+            consumer, loc = _consumer(k, result)
             a.note(call, consumer, loc, False, "unsupported pattern: a batched or "
                    f"{len(call.params[0])}-d x {len(call.params[1])}-d matmul (epilogues fuse "
                    "into 2-d matmuls [M, K] @ [K, C] and conv2d)")
         return None
     stats: List[Tuple[int, Stat]] = []
-    candidates, others = [], []
+    candidates: List[Tuple[int, Kernel]] = []
+    others: List[int] = []
     for j in readers:
-        st = a.stat_of(a.steps[j], result, channel)
+        step = a.steps[j]
+        st = a.stat_of(step, result, channel)
         if st is not None:
             stats.append((j, st))
-        elif isinstance(a.steps[j], Kernel) and set(a.steps[j].dims or ()) == set(call.dims):
-            candidates.append(j)
+        elif isinstance(step, Kernel) and set(step.dims or ()) == set(call.dims or ()):
+            candidates.append((j, step))
         else:
             others.append(j)
     stat_values = {st.call.result for _, st in stats}
-    after_stats = [j for j in candidates if a.depends_on(j, stat_values)]
-    candidates = [j for j in candidates if j not in after_stats]
+    after_stats = [(j, k) for j, k in candidates if a.depends_on(j, stat_values)]
+    after = {j for j, _ in after_stats}
+    candidates = [(j, k) for j, k in candidates if j not in after]
     for j in others:
         _note_other(a, call, a.steps[j])
     for j, st in stats:
         a.note(call, "mean", st.call.loc, True, f"per-channel sums accumulated in the "
                f"{producer_name(call)} epilogue")
-    for j in after_stats:
-        consumer, loc = _consumer(a.steps[j], result)
+    for j, k in after_stats:
+        consumer, loc = _consumer(k, result)
         a.note(call, consumer, loc, True, f"one pass over the {producer_name(call)} result once "
                "its statistics are complete (they need the whole result)")
     epilogue = None
     layouts: Tuple[str, ...] = ()
     if len(candidates) == 1 and not others and not after_stats:
-        k = a.steps[candidates[0]]
+        k = candidates[0][1]
         consumer, loc = _consumer(k, result)
         layouts, problems = a.layouts(call, k, result)
         for p in problems:
@@ -212,8 +227,8 @@ def _fuse_call(a: _Analysis, i: int, call: LibCall):
                    f"(kernel {k.name}" + (f", under {' and '.join(layouts)}"
                                           if len(layouts) < len(a.spec.layouts) else "") + ")")
     else:
-        for j in candidates:
-            consumer, loc = _consumer(a.steps[j], result)
+        for j, k in candidates:
+            consumer, loc = _consumer(k, result)
             also = [str(v) for v in _also(a, j, readers)]
             a.note(call, consumer, loc, False, f"the {producer_name(call)} result is needed "
                    f"elsewhere: {', '.join(also)} read{'s' if len(also) == 1 else ''} it too")
@@ -221,13 +236,13 @@ def _fuse_call(a: _Analysis, i: int, call: LibCall):
         return None
     taken = [i] + [a.steps.index(p) for _, st in stats for p in (st.kernel, st.call) if p is not None]
     if epilogue is not None:
-        taken.append(candidates[0])
+        taken.append(candidates[0][0])
     return (Fused(call.name, call, epilogue, tuple(st for _, st in stats), channel,
                   layouts or tuple(a.spec.layouts)), sorted(set(taken)))
 
 
 def _also(a: _Analysis, j: int, readers: List[int]) -> List[str]:
-    out = []
+    out: List[str] = []
     for r in readers:
         if r != j:
             s = a.steps[r]
@@ -236,7 +251,7 @@ def _also(a: _Analysis, j: int, readers: List[int]) -> List[str]:
     return out
 
 
-def _note_other(a: _Analysis, call: LibCall, step) -> None:
+def _note_other(a: _Analysis, call: LibCall, step: Unfused) -> None:
     if isinstance(step, LibCall):
         if step.prim in (Op.SUM, Op.MEAN, Op.SUM_TO):
             kept = step.params[0] if step.prim != Op.SUM_TO else ()
@@ -250,17 +265,17 @@ def _note_other(a: _Analysis, call: LibCall, step) -> None:
         return
     consumer, loc = _consumer(step, call.result)
     a.note(call, consumer, loc, False, f"a shape transform between the ops: broadcast from "
-           f"[{', '.join(call.dims)}] to [{', '.join(step.dims or ('any rank',))}]")
+           f"[{', '.join(call.dims or ('any rank',))}] to [{', '.join(step.dims or ('any rank',))}]")
 
 
-def _topological(order: List[Tuple[int, object]]) -> List[object]:
+def _topological(order: List[Tuple[int, Step]]) -> List[Step]:
     """Steps in dependency order, each as early as its original position allows."""
     order = sorted(order, key=lambda t: t[0])
     writes = {v: k for k, (_, s) in enumerate(order) for v in s.writes}
     need = [{writes[v] for v in s.reads if v in writes and writes[v] != k}
             for k, (_, s) in enumerate(order)]
     done: Set[int] = set()
-    out = []
+    out: List[Step] = []
     while len(done) < len(order):
         k = next(k for k in range(len(order)) if k not in done and need[k] <= done)
         done.add(k)

@@ -8,14 +8,14 @@ than once per element of the large one, e.g. a per-channel slope).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 from ..dsl.graph import Graph
 from ..dsl.ir import Node
 from ..dsl.library import LIBRARY
 from ..dsl.primitives import PRIMITIVES, _dims
-from ..errors import SpecError
-from .plan import LOAD, Attr, Const, Instr, Kernel, LibCall, Plan, Reg, Value
+from ..errors import Loc, SpecError
+from .plan import LOAD, Attr, Const, Instr, Kernel, LibCall, Operand, Plan, Reg, Value
 from ..kinds import Op, Pass, ValueKind
 
 MAX_OPERANDS = 32
@@ -67,7 +67,7 @@ def fuse(graph: Graph, prefix: str) -> Plan:
             holder[id(n)] = Value.temp(len(temps))
             temps.append(holder[id(n)])
 
-    ordered = []
+    ordered: List[Union[Kernel, LibCall]] = []
     k = 0
     for step in _schedule_steps(nodes, mat, copies):
         if isinstance(step, _Call):
@@ -80,7 +80,7 @@ def fuse(graph: Graph, prefix: str) -> Plan:
             continue
         if isinstance(step, _Copy) and id(step.node) in holder and step.node.op != Op.INPUT:
             # a second output with the value of an earlier one: copy it, do not recompute
-            load = Instr(Reg(0), LOAD, (), "float", slot=0)
+            load = Instr(Reg(0), LOAD, (), ValueKind.FLOAT, slot=0)
             ordered.append(Kernel(f"{prefix}{k}", (holder[id(step.node)],), (step.output,), (),
                                   (load,), (load.dst,), (), step.node.dims, (step.node.dims,)))
         elif isinstance(step, _Copy):
@@ -124,7 +124,8 @@ class _Copy:
     output: Value            # input, attr or constant): a kernel of its own writes it
 
 
-def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> list:
+def _schedule_steps(nodes: List[Node], mat: Set[int],
+                    copies: List[Tuple[Node, Value]]) -> List[Union[_Fused, _Call, _Copy]]:
     """Group materialized values into as few kernels as possible, in dependency order.
 
     Values on the same dims share a kernel (one pass over memory) unless one needs the other,
@@ -135,7 +136,7 @@ def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> list:
     groups: List[List[Node]] = []
 
     def acyclic() -> bool:
-        edges = {g: set() for g in range(len(groups))}
+        edges: Dict[int, Set[int]] = {g: set() for g in range(len(groups))}
         for gi, members in enumerate(groups):
             for m in members:
                 edges[gi] |= {group_of[d] for d in deps[id(m)]} - {gi}
@@ -170,7 +171,7 @@ def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> list:
     need = {gi: {group_of[d] for m in members for d in deps[id(m)]} - {gi}
             for gi, members in enumerate(groups)}
     done: Set[int] = set()
-    steps: list = []
+    steps: List[Union[_Fused, _Call, _Copy]] = []
     while len(done) < len(groups):
         ready = [gi for gi in range(len(groups)) if gi not in done and need[gi] <= done]
         gi = ready[0]
@@ -181,7 +182,7 @@ def _schedule_steps(nodes: List[Node], mat: Set[int], copies) -> list:
     return steps
 
 
-def _scalar_ref(n: Node):
+def _scalar_ref(n: Node) -> Union[Attr, Const]:
     """A number argument of a LibCall: an attr or a constant."""
     return Attr(n.name) if n.op == Op.ATTR else Const(n.value)
 
@@ -212,12 +213,12 @@ def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int
     for r in roots:
         visit(r)
 
-    ssa: Dict[int, object] = {}
+    ssa: Dict[int, Operand] = {}
     body: List[Instr] = []
     inputs: List[Value] = []
-    in_dims: List = []
+    in_dims: List[Optional[Tuple[str, ...]]] = []
     attrs: List[str] = []
-    locs = []
+    locs: List[Loc] = []
     for n in order:
         if n.op == Op.ATTR:
             ssa[id(n)] = Attr(n.name)
@@ -230,12 +231,12 @@ def _kernel(name: str, roots: List[Node], outputs: List[Value], holder: Dict[int
             if value not in inputs:
                 inputs.append(value)
                 in_dims.append(n.dims)
-            ins = Instr(Reg(len(body)), LOAD, (), "float", slot=inputs.index(value))
+            ins = Instr(Reg(len(body)), LOAD, (), ValueKind.FLOAT, slot=inputs.index(value))
             body.append(ins)
             if n.kind == ValueKind.BOOL:
                 # a condition crosses a boundary stored as 1 or 0 in the array: read it back
                 # as a condition, so `&`, `|` and `~` take it as they take a comparison
-                ins = Instr(Reg(len(body)), "ne", (ins.dst, Const(0.0)), "bool", n.loc)
+                ins = Instr(Reg(len(body)), Op.NE, (ins.dst, Const(0.0)), ValueKind.BOOL, n.loc)
                 body.append(ins)
             ssa[id(n)] = ins.dst
         else:

@@ -13,8 +13,8 @@ from typing import Dict, Optional
 
 from ..errors import SpecError
 from ..spec.model import OpSpec
-from .plan import LOAD, Attr, Const, Instr, Kernel, Plan
-from ..kinds import Op
+from .plan import LOAD, Attr, Const, Instr, Kernel, LibCall, Plan
+from ..kinds import AttrType, Op
 
 # the primitives an integer kernel computes exactly as written
 INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min", "max", "clamp", "sign", "where", "gt", "ge",
@@ -44,7 +44,8 @@ def check_integer(spec: OpSpec, plan: Plan) -> None:
     dtypes = ", ".join(spec.int_dtypes)
     for step in plan.steps:
         if not isinstance(step, Kernel):
-            raise SpecError(f"inputs: {dtypes} declared, but forward needs {step.prim}, which has no "
+            prim = step.prim if isinstance(step, LibCall) else step.call.prim
+            raise SpecError(f"inputs: {dtypes} declared, but forward needs {prim}, which has no "
                             "integer form; declare float dtypes only", spec.loc)
         for ins in step.body:
             if ins.op == LOAD:
@@ -65,7 +66,7 @@ def check_integer(spec: OpSpec, plan: Plan) -> None:
                                     "float dtypes; declare float dtypes only", where)
                 if isinstance(arg, Attr):
                     a = spec.attr(arg.name)
-                    if a.type == "float":
+                    if a.type == AttrType.FLOAT:
                         hint = ("; declare it `quantize: 7` to use it as a fixed-point multiplier"
                                 if a.quantize is None else
                                 "; a quantized attr can only multiply a value")

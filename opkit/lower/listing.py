@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .tbe import EXPANSIONS, SEQUENCES, TBE
 from .integer import fixed_point_factor
@@ -20,18 +20,21 @@ def _text(operand, names) -> str:
     return str(operand)
 
 
-def listing(kernel: Kernel, dtype: str, quant: Dict[str, int] = None) -> List[str]:
+def listing(kernel: Kernel, dtype: str, quant: Optional[Dict[str, int]] = None) -> List[str]:
     """One line per vector instruction, `mnemonic dst, src...`, for one storage dtype. `quant`:
     the attrs stored as fixed point (name -> bits), used by integer dtypes."""
     ct = STORAGE_BY_NAME[compute_dtype(dtype)].tbe
     st = STORAGE_BY_NAME[dtype].tbe
     integer = dtype.startswith("int")
+    quant = quant or {}
     lines: List[str] = []
     names: Dict[Reg, str] = {}   # a loaded register is shown by its array's name
     for ins in kernel.body:
-        k = fixed_point_factor(ins, quant or {}) if integer else None
+        k = fixed_point_factor(ins, quant) if integer else None
         if k is not None:  # x * m / 2**bits: multiply, round, shift
-            x, attr = _text(ins.args[k], names), ins.args[1 - k].name
+            factor = ins.args[1 - k]
+            assert isinstance(factor, Attr)  # what fixed_point_factor found: a quantized attr
+            x, attr = _text(ins.args[k], names), factor.name
             bits = quant[attr]
             lines += [f"vmuls    {ins.dst}, {x}, {attr}.m          ; {attr} = m / 2**{bits}",
                       f"vadds    {ins.dst}, {ins.dst}, #{1 << (bits - 1)}       ; round to nearest",

@@ -33,22 +33,22 @@ class Value:
         return f"tmp{self.name}" if self.kind is Kind.TEMP else self.name
 
     # one object per value: the runtime's dict lookups then match by identity, never by __eq__
-    @classmethod
-    def input(cls, name: str) -> "Value":
-        return _interned(cls, Kind.INPUT, name)
+    @staticmethod
+    def input(name: str) -> "Value":
+        return _interned(Kind.INPUT, name)
 
-    @classmethod
-    def output(cls, name: str) -> "Value":
-        return _interned(cls, Kind.OUTPUT, name)
+    @staticmethod
+    def output(name: str) -> "Value":
+        return _interned(Kind.OUTPUT, name)
 
-    @classmethod
-    def temp(cls, number: int) -> "Value":
-        return _interned(cls, Kind.TEMP, str(number))
+    @staticmethod
+    def temp(number: int) -> "Value":
+        return _interned(Kind.TEMP, str(number))
 
 
 @functools.lru_cache(maxsize=None)
-def _interned(cls, kind: Kind, name: str) -> Value:
-    return cls(kind, name)
+def _interned(kind: Kind, name: str) -> Value:
+    return Value(kind, name)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Kernel:
         """What it writes, the sums folded into its pass included (`opkit show`, the module)."""
         parts = [", ".join(str(v) for v in self.outputs if v not in self.discarded)]
         for s in self.sums:
-            arg = self._shown(s.args[0])
+            arg = self._shown(s.array)
             what = (f"sum_to({arg}, {s.params[0]})" if s.prim == Op.SUM_TO
                     else f"{s.prim}({arg}, keep=[{', '.join(s.params[0])}])")
             parts.append(f"{s.result} = {what} in the same pass")
@@ -213,6 +213,14 @@ class LibCall:
 
     def __post_init__(self):
         object.__setattr__(self, "prim", Op(self.prim))
+
+    @property
+    def array(self) -> Value:
+        """The array a reduction (sum, mean, sum_to ...) adds up: its first argument."""
+        first = self.args[0]
+        if not isinstance(first, Value):
+            raise TypeError(f"{self.name}: the first argument of {self.prim} is {first}, not an array")
+        return first
 
     @property
     def reads(self) -> Tuple[Value, ...]:

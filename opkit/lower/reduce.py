@@ -14,10 +14,10 @@ elements it adds once the partials are added up (the runtime: 0 / 0 is NaN for a
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Set
 
-from .plan import LOAD, Fused, Instr, Kernel, Kind, LibCall, Plan, Reg, Value
-from ..kinds import Op
+from .plan import LOAD, Fused, Instr, Kernel, Kind, LibCall, Plan, Reg, Step, Value
+from ..kinds import Op, ValueKind
 
 MAX_SUMS = 4            # sums one kernel may fold (OPK_MAXACC)
 SUM_CHUNK = 1 << 15     # elements per chunk of partial sums, at least (OPK_ACC_CHUNK)
@@ -39,20 +39,20 @@ def fold_sums(plan: Plan) -> Plan:
             for v in step.outputs:
                 writer[v] = step
     folded: Dict[str, List[LibCall]] = {}
-    steps = []
+    steps: List[Step] = []
     for step in plan.steps:
-        k = (writer.get(step.args[0]) if isinstance(step, LibCall) and step.prim in FOLDABLE
-             else None)
-        if k is not None and _foldable(step, k, folded.get(k.name, [])):
-            folded.setdefault(k.name, []).append(step)
-            continue
+        if isinstance(step, LibCall) and step.prim in FOLDABLE:
+            k = writer.get(step.array)
+            if k is not None and _foldable(step, k, folded.get(k.name, [])):
+                folded.setdefault(k.name, []).append(step)
+                continue
         steps.append(step)
     if not folded:
         return plan
     # temps only sums read are not stored, unless a sum_to into an output may be the identity
     # (the runtime then has the kernel write that output instead)
-    read = {v for s in steps for v in s.reads}
-    read |= {c.args[0] for calls in folded.values() for c in calls
+    read: Set[Value] = {v for s in steps for v in s.reads}
+    read |= {c.array for calls in folded.values() for c in calls
              if c.prim == Op.SUM_TO and c.result.kind is Kind.OUTPUT}
     steps = [dataclasses.replace(s, sums=tuple(folded[s.name]),
                                  discarded=tuple(v for v in s.outputs if v.kind is Kind.TEMP
@@ -69,7 +69,10 @@ def _fold_fallbacks(plan: Plan) -> Plan:
         if isinstance(step, Fused) and step.stats:
             parts = fold_sums(dataclasses.replace(plan, steps=step.unfolded, temps=temps))
             temps = parts.temps
-            step = dataclasses.replace(step, fallback=parts.steps)
+            # folding turns kernels and calls into kernels and calls: no fused step among them
+            fallback = tuple(p for p in parts.steps if not isinstance(p, Fused))
+            assert len(fallback) == len(parts.steps)
+            step = dataclasses.replace(step, fallback=fallback)
         steps.append(step)
     return dataclasses.replace(plan, steps=tuple(steps), temps=temps)
 
@@ -78,7 +81,7 @@ def _foldable(call: LibCall, k: Kernel, already: List[LibCall]) -> bool:
     """A sum over named dims the kernel iterates, or a sum_to (the shape it sums to is known
     at the call: the runtime adds up into an array of that shape, or, where it is the kernel's
     own shape, has the kernel write the result directly)."""
-    if len(already) >= MAX_SUMS or call.args[0].kind is not Kind.TEMP:
+    if len(already) >= MAX_SUMS or call.array.kind is not Kind.TEMP:
         return False
     return call.prim == Op.SUM_TO or (k.dims is not None and set(call.params[0]) <= set(k.dims))
 
@@ -87,19 +90,19 @@ def _input_reductions(plan: Plan) -> Plan:
     """Each `sum` or `mean` of an input of the pass, or of an array no kernel of the plan writes
     (a fused convolution's epilogue output, a library call's result), as a kernel that loads it
     into a temp, which the sum folded into it reads (the runtime then stores nothing)."""
-    steps, temps = [], list(plan.temps)
+    steps: List[Step] = []
+    temps = list(plan.temps)
     kernels_write = {v for s in plan.steps if isinstance(s, Kernel) for v in s.outputs}
     for step in plan.steps:
-        reduces = isinstance(step, LibCall) and step.prim in (Op.SUM, Op.MEAN) and \
-            step.args[0] not in kernels_write and step.arg_dims
-        dims = step.arg_dims[0] if reduces else None
-        if dims is None or not set(step.params[0]) <= set(dims):
+        dims = (step.arg_dims[0] if isinstance(step, LibCall) and step.prim in (Op.SUM, Op.MEAN)
+                and step.array not in kernels_write and step.arg_dims else None)
+        if not isinstance(step, LibCall) or dims is None or not set(step.params[0]) <= set(dims):
             steps.append(step)
             continue
         temp = Value.temp(len(temps))
         temps.append(temp)
-        load = Instr(Reg(0), LOAD, (), "float", slot=0)
-        steps.append(Kernel(f"{step.name}k", (step.args[0],), (temp,), (), (load,), (load.dst,),
+        load = Instr(Reg(0), LOAD, (), ValueKind.FLOAT, slot=0)
+        steps.append(Kernel(f"{step.name}k", (step.array,), (temp,), (), (load,), (load.dst,),
                             (step.loc,) if step.loc is not None else (), dims, (dims,),
                             (dataclasses.replace(step, args=(temp,)),), (temp,)))
     if len(temps) == len(plan.temps):

@@ -9,7 +9,7 @@ except those that shape the model (a resampling factor): the export fixes those.
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from ..runtime.bind import bind, dtype_name, finfo_values, split_args
 from ..spec.model import FLOAT_DTYPES, LAYOUT_PHYSICAL, DtypeLimit
 from . import ops  # noqa: F401  (registers the lowerings)
 from .lowering import Context, Emitter, ExportError, align, lower_graph
-from ..kinds import Op, ValueKind
+from ..kinds import AttrType, Op, ValueKind
 
 DOMAIN = "opkit"
 DEFAULT_OPSET = 18
@@ -132,7 +132,7 @@ class Stand:
         except ValueError:
             return set()
         rules = shape_rules(self.spec)
-        created = {d for n in rules.calls for d in n.dims}
+        created = {d for n in rules.calls for d in n.dims or ()}
         return {d for d in created if d in sizes and d in other and other[d] != sizes[d]}
 
     def _size(self, spatial: bool) -> int:
@@ -148,7 +148,7 @@ class Stand:
         return tuple(None if s in self.free else s for s in arr.shape)
 
     def dims(self, arr: np.ndarray) -> Shape:
-        return tuple(self.free.get(s, s) for s in arr.shape)
+        return tuple(self.free[s] if s in self.free else s for s in arr.shape)
 
 
 def _np_dtype(name: str):
@@ -190,10 +190,10 @@ def default_shape(spec, inp, layout: Optional[str]) -> Optional[Shape]:
 class ProtoEmitter(Emitter):
     """Nodes of an ONNX FunctionProto body; attrs are references to the function's attributes."""
 
-    def __init__(self, ctx: Context, stand: Stand, attr_types: Dict[str, str]):
+    def __init__(self, ctx: Context, stand: Stand, attr_types: Dict[str, AttrType]):
         super().__init__(ctx)
         self.onnx = _onnx()
-        self.nodes = []
+        self.nodes: List[object] = []  # onnx NodeProtos, in order
         self.stand = stand
         self.attr_types = attr_types
         self.taken = set(stand.bound.values)
@@ -238,10 +238,10 @@ class ProtoEmitter(Emitter):
         typ = self.attr_types[name]
         out = self.fresh(name)
         node = onnx.helper.make_node("Constant", [], [out])
-        field = "value_float" if typ == "float" else "value_int"
+        field = "value_float" if typ == AttrType.FLOAT else "value_int"
         node.attribute.append(onnx.AttributeProto(
             name=field, ref_attr_name=name,
-            type=onnx.AttributeProto.FLOAT if typ == "float" else onnx.AttributeProto.INT))
+            type=onnx.AttributeProto.FLOAT if typ == AttrType.FLOAT else onnx.AttributeProto.INT))
         self.nodes.append(node)
         return self.cast(out, "bool" if kind == ValueKind.BOOL else None)
 
@@ -270,8 +270,8 @@ def _attr_default(a, stand: Stand):
     return v
 
 
-def _attribute(onnx, name: str, typ: str, value):
-    if typ == "float":
+def _attribute(onnx, name: str, typ: AttrType, value):
+    if typ == AttrType.FLOAT:
         return onnx.helper.make_attribute(name, float(value))
     return onnx.helper.make_attribute(name, int(value))
 
@@ -322,8 +322,9 @@ def build_function(op, stand: Stand, backward: bool = False, opset: int = DEFAUL
     onnx = _onnx()
     graph, ctx, names = prepare(op, stand, backward, opset)
     bound = stand.bound
-    attrs = [a for a in op.spec.attrs if a.type != "str" and a.name not in ctx.static]
-    types = {a.name: "float" if a.type == "float" else "int" for a in attrs}
+    attrs = [a for a in op.spec.attrs if a.type != AttrType.STR and a.name not in ctx.static]
+    # ONNX attributes are floats or ints: a bool attr is an int
+    types = {a.name: AttrType.FLOAT if a.type == AttrType.FLOAT else AttrType.INT for a in attrs}
     em = ProtoEmitter(ctx, stand, types)
     outputs = []
     for out_name, ref in lower_outputs(graph, em, stand, ctx, names, backward):

@@ -80,8 +80,11 @@ class Context:
         if node.op == Op.CONST:
             return node.value
         if node.op == Op.ATTR and node.name in self.attrs:
-            self.static[node.name] = self.attrs[node.name]
-            return self.attrs[node.name]
+            value = self.attrs[node.name]
+            if not isinstance(value, (int, float)):
+                raise ExportError(f"{why} needs a number, got {node.name} = {value!r}")
+            self.static[node.name] = value
+            return value
         raise ExportError(f"{why} needs a value known at export, got an expression")
 
 
@@ -97,6 +100,21 @@ class Emitter:
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
+
+    def op(self, op_type: str, *inputs, **attributes):
+        raise NotImplementedError
+
+    def const(self, array: np.ndarray):
+        raise NotImplementedError
+
+    def input_raw(self, name: str):
+        raise NotImplementedError
+
+    def input(self, name: str):
+        raise NotImplementedError
+
+    def attr(self, name: str, kind: str):
+        raise NotImplementedError
 
     def scalar(self, value: float):
         return self.const(np.array(value, dtype=self.ctx.compute))

@@ -9,6 +9,7 @@ and Log), softplus is opkit's overflow-free form.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Dict
 
 import numpy as np
 
@@ -199,7 +200,7 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 def _einsum(em, node, args, ctx) -> Val:
     (a, b) = args
     out = node.params[2]  # the declared dims name the contraction; the values' names place them
-    letters = {}
+    letters: Dict[str, str] = {}  # dim name -> its einsum letter
     for n in a.names + b.names + tuple(out):
         if n not in letters:
             if len(letters) == len(_LETTERS):

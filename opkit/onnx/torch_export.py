@@ -8,16 +8,18 @@ The call's attrs are fixed at their traced values; a dim the export leaves dynam
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 
 from .export import MIN_OPSET, Stand, Typed, default_shape, lower_outputs, prepare
 from .lowering import Emitter, ExportError
-from ..kinds import ValueKind
+from ..kinds import AttrType, ValueKind
 
 # torch's scalar type names (Value.type().scalarType()) -> opkit's dtype names
 _DTYPES = {"Half": "float16", "Float": "float32", "Double": "float64", "BFloat16": "bfloat16"}
+# an attr's type -> the letter torch.onnx.symbolic_helper reads a constant of that type by
+_TORCH_SCALARS = {AttrType.FLOAT: "f", AttrType.INT: "i", AttrType.BOOL: "b", AttrType.STR: "s"}
 
 
 class TorchEmitter(Emitter):
@@ -26,7 +28,7 @@ class TorchEmitter(Emitter):
     def __init__(self, ctx, stand: Stand, g, inputs):
         super().__init__(ctx)
         self.g, self.stand, self.inputs = g, stand, inputs
-        self.cast_inputs = {}
+        self.cast_inputs: Dict[str, object] = {}  # input name -> its value in the compute dtype
 
     def op(self, op_type: str, *inputs, **attributes):
         return self.g.op(op_type, *inputs, **{_suffixed(k, v): v for k, v in attributes.items()})
@@ -94,11 +96,11 @@ def symbolic(op):
         for a, v in zip(spec.attrs, args[n:]):
             if sh._is_none(v):
                 continue
-            value = sh._maybe_get_const(v, {"float": "f", "int": "i", "bool": "b", "str": "s"}[a.type])
+            value = sh._maybe_get_const(v, _TORCH_SCALARS[a.type])
             if sh._is_value(value):
                 raise ExportError(f"torch.ops.opkit.{op.name}: attr {a.name} must be a constant "
                                   "of the traced call, got a value computed in the model")
-            attrs[a.name] = bool(value) if a.type == "bool" else value
+            attrs[a.name] = bool(value) if a.type == AttrType.BOOL else value
         stand = Stand(op, shapes, attrs, layout, "float32", False)
         graph, ctx, names = prepare(op, stand, opset=g.opset)
         ctx.static = dict(stand.bound.attrs)

@@ -5,15 +5,17 @@ import dataclasses
 import difflib
 import keyword
 import math
+import os
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from ..errors import Loc, SpecError
-from ..kinds import Layout
+from ..kinds import AttrType, Layout
 from ..quantize import fixed_point
 from .model import (ATTR_TYPES, DTYPES, FINFO, FLOAT_DTYPES, LAYOUTS, RESERVED_NAMES, AttrSpec,
-                    Binding, DtypeLimit, InputSpec, Interval, OpSpec, OutputSpec, ScheduleSpec)
+                    Binding, DtypeLimit, InputSpec, Interval, OpSpec, OutputSpec, Scalar,
+                    ScheduleSpec)
 from .yamlnodes import YNode, interval_hint, load_yaml
 
 _IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
@@ -24,7 +26,7 @@ _KIND_NAMES = {dict: "a mapping", list: "a list", str: "a string", bool: "true o
                int: "an integer", float: "a number"}
 
 
-def _kind(value) -> str:
+def _kind(value: object) -> str:
     if value is None:
         return "nothing (null)"
     for t, name in _KIND_NAMES.items():
@@ -40,7 +42,10 @@ class _Map:
         if not isinstance(node.value, dict):
             raise SpecError(f"{where}: expected a mapping of keys, got {_kind(node.value)}", node.loc)
         self.node, self.where, self.allowed = node, where, allowed
-        for key, child in node.value.items() if allowed is not None else ():
+        self.value: Dict[str, YNode] = node.value
+        if allowed is None:  # keys are names, checked by the caller
+            return
+        for key in self.value:
             if key not in allowed:
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of: {', '.join(allowed)}"
@@ -50,7 +55,7 @@ class _Map:
                 raise SpecError(f"{where}: unknown key {key!r}{hint}", loc)
 
     def get(self, key: str) -> Optional[YNode]:
-        return self.node.value.get(key)
+        return self.value.get(key)
 
     def need(self, key: str) -> YNode:
         child = self.get(key)
@@ -92,13 +97,14 @@ def _choices(node: YNode, where: str, allowed: Tuple[str, ...]) -> Tuple[str, ..
     items = _list(node, where)
     if not items:
         raise SpecError(f"{where}: the list is empty; give at least one of: {', '.join(allowed)}", node.loc)
-    out = []
+    out: List[str] = []
     for item in items:
-        if item.value not in allowed:
-            raise SpecError(f"{where}: {item.value!r} is not one of: {', '.join(allowed)}", item.loc)
-        if item.value in out:
-            raise SpecError(f"{where}: {item.value!r} is listed twice", item.loc)
-        out.append(item.value)
+        value = item.value
+        if not isinstance(value, str) or value not in allowed:
+            raise SpecError(f"{where}: {value!r} is not one of: {', '.join(allowed)}", item.loc)
+        if value in out:
+            raise SpecError(f"{where}: {value!r} is listed twice", item.loc)
+        out.append(value)
     return tuple(out)
 
 
@@ -116,8 +122,8 @@ def _interval(node: YNode, where: str) -> Interval:
             raise SpecError(f"{where}: expected [low, high], got a list of {len(items)}", node.loc)
         low, high = (_number(i, where) for i in items)
         iv = Interval(float(low), float(high))
-    elif isinstance(node.value, str) and _INTERVAL.match(node.value):
-        lb, lo, hi, rb = _INTERVAL.match(node.value).groups()
+    elif isinstance(node.value, str) and (m := _INTERVAL.match(node.value)):
+        lb, lo, hi, rb = m.groups()
         try:
             iv = Interval(float(lo), float(hi), lb == "(", rb == ")")
         except ValueError:
@@ -143,8 +149,8 @@ def _check_name(name: str, loc: Loc, where: str, taken: Dict[str, str]) -> str:
 
 def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
     m = _Map(node, "inputs", None)  # keys are names, checked one by one below
-    specs = []
-    for name, child in node.value.items():
+    specs: List[InputSpec] = []
+    for name, child in m.value.items():
         where = f"inputs.{name}"
         _check_name(name, node.key_loc(name), "inputs", taken)
         f = _Map(child, where, ("dtypes", "layouts", "shape", "differentiable", "domain", "optional"))
@@ -152,9 +158,9 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
         layouts_node = f.get("layouts")
         layouts = tuple(map(Layout, _choices(layouts_node, f"{where}.layouts", LAYOUTS))) \
             if layouts_node else (Layout.ND,)
-        shape = None
-        if f.get("shape") is not None:
-            sn = f.get("shape")
+        shape: Optional[Tuple[str, ...]] = None
+        sn = f.get("shape")
+        if sn is not None:
             dims = [_ident(d.value, d.loc, f"{where}.shape", "dim name") for d in _list(sn, f"{where}.shape")]
             if not dims:
                 raise SpecError(f"{where}.shape: give at least one dim name", sn.loc)
@@ -169,16 +175,20 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
         if differentiable and not any(d in FLOAT_DTYPES for d in dtypes):
             differentiable = False
         domain = _DEFAULT_DOMAIN
-        if f.get("domain") is not None:
-            iv = _interval(f.get("domain"), f"{where}.domain")
+        dn = f.get("domain")
+        if dn is not None:
+            iv = _interval(dn, f"{where}.domain")
             if not (math.isfinite(iv.low) and math.isfinite(iv.high)) or iv.low == iv.high:
                 raise SpecError(f"{where}.domain: expected finite bounds low < high, got {iv}",
-                                f.get("domain").loc)
+                                dn.loc)
             domain = (iv.low, iv.high)
-        optional = _bool(f.get("optional"), f"{where}.optional") if f.get("optional") else False
-        if optional and not specs:
-            raise SpecError(f"{where}.optional: the first input cannot be optional (it sets the "
-                            "call's shape and dtype); put optional inputs after it", f.get("optional").loc)
+        optional = False
+        on = f.get("optional")
+        if on is not None:
+            optional = _bool(on, f"{where}.optional")
+            if optional and not specs:
+                raise SpecError(f"{where}.optional: the first input cannot be optional (it sets "
+                                "the call's shape and dtype); put optional inputs after it", on.loc)
         if not optional and specs and specs[-1].optional:
             raise SpecError(f"inputs.{name}: comes after the optional input {specs[-1].name!r}; "
                             "declare the inputs every call gives first, then the optional ones",
@@ -194,92 +204,98 @@ def _inputs(node: YNode, taken: Dict[str, str]) -> Tuple[InputSpec, ...]:
 _FINFO = re.compile(r"finfo\.(\w+)\Z")
 
 
-def _attr_value(node: YNode, where: str, typ: str, choices: Tuple[str, ...] = ()):
+def _attr_value(node: YNode, where: str, typ: AttrType,
+                choices: Tuple[str, ...] = ()) -> Union[float, int, bool, str, DtypeLimit]:
     v = node.value
-    if typ == "bool":
+    if typ == AttrType.BOOL:
         return _bool(node, where)
-    if typ == "str":
-        if v not in choices:
+    if typ == AttrType.STR:
+        if not isinstance(v, str) or v not in choices:
             raise SpecError(f"{where}: expected one of the choices {', '.join(map(repr, choices))}, "
                             f"got {_kind(v)}", node.loc)
         return v
-    if typ == "float" and isinstance(v, str) and _FINFO.match(v):
-        which = _FINFO.match(v).group(1)
+    if typ == AttrType.FLOAT and isinstance(v, str) and (m := _FINFO.match(v)):
+        which = m.group(1)
         if which not in FINFO:
             raise SpecError(f"{where}: finfo.{which} is not known; use one of "
                             f"{', '.join('finfo.' + w for w in FINFO)}", node.loc)
         return DtypeLimit(which)
-    if typ == "int":
+    if typ == AttrType.INT:
         return int(_number(node, where, integer=True))
-    v = float(_number(node, where))
-    if math.isnan(v):
+    number = float(_number(node, where))
+    if math.isnan(number):
         raise SpecError(f"{where}: expected a number, got nan", node.loc)
-    return v
+    return number
 
 
 def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]:
     if node is None:
         return ()
-    _Map(node, "attrs", None)
-    specs = []
-    for name, child in node.value.items():
+    m = _Map(node, "attrs", None)
+    specs: List[AttrSpec] = []
+    for name, child in m.value.items():
         where = f"attrs.{name}"
         _check_name(name, node.key_loc(name), "attrs", taken)
         f = _Map(child, where, ("type", "default", "range", "null_means", "quantize", "choices"))
         typ_node = f.need("type")
-        if typ_node.value not in ATTR_TYPES:
+        if not isinstance(typ_node.value, str) or typ_node.value not in ATTR_TYPES:
             raise SpecError(f"{where}.type: expected one of {', '.join(ATTR_TYPES)}, got {_kind(typ_node.value)}",
                             typ_node.loc)
-        typ = typ_node.value
+        typ = AttrType(typ_node.value)
         choices = _str_choices(f, where, typ)
-        rng = _interval(f.get("range"), f"{where}.range") if f.get("range") is not None else None
-        if rng is not None and typ == "int":
-            rng = dataclasses.replace(rng, integral=True)
-        if rng is not None and typ in ("bool", "str"):
-            raise SpecError(f"{where}.range: a {typ} attr takes no range", f.get("range").loc)
+        rng: Optional[Interval] = None
+        rn = f.get("range")
+        if rn is not None:
+            rng = _interval(rn, f"{where}.range")
+            if typ == AttrType.INT:
+                rng = dataclasses.replace(rng, integral=True)
+            if typ in (AttrType.BOOL, AttrType.STR):
+                raise SpecError(f"{where}.range: a {typ} attr takes no range", rn.loc)
         null_means = None
-        if f.get("null_means") is not None:
-            if typ != "float":
-                raise SpecError(f"{where}.null_means: only float attrs can be null", f.get("null_means").loc)
-            null_means = float(_number(f.get("null_means"), f"{where}.null_means"))
+        nn = f.get("null_means")
+        if nn is not None:
+            if typ != AttrType.FLOAT:
+                raise SpecError(f"{where}.null_means: only float attrs can be null", nn.loc)
+            null_means = float(_number(nn, f"{where}.null_means"))
         quantize = None
-        if f.get("quantize") is not None:
-            qn = f.get("quantize")
-            if typ != "float":
+        qn = f.get("quantize")
+        if qn is not None:
+            if typ != AttrType.FLOAT:
                 raise SpecError(f"{where}.quantize: only float attrs can be quantized", qn.loc)
             quantize = int(_number(qn, f"{where}.quantize", integer=True))
             if not 1 <= quantize <= 15:
                 raise SpecError(f"{where}.quantize: expected a number of bits in 1..15, got {quantize}",
                                 qn.loc)
         dn = f.get("default")
-        required = "default" not in child.value
-        default = None
-        if not required:
-            if dn.value is None:
-                if null_means is None:
-                    raise SpecError(f"{where}.default: null is only allowed with null_means "
-                                    "(the value the attr takes in expressions when it is null)", dn.loc)
-            else:
-                default = _attr_value(dn, f"{where}.default", typ, choices)
-                if rng is not None and not isinstance(default, (DtypeLimit, str)) and default not in rng:
-                    raise SpecError(f"{where}.default: {default!r} is outside the range {rng}", dn.loc)
+        required = dn is None  # a default of null is given
+        default: Union[Scalar, DtypeLimit] = None
+        if dn is not None and dn.value is None:
+            if null_means is None:
+                raise SpecError(f"{where}.default: null is only allowed with null_means "
+                                "(the value the attr takes in expressions when it is null)", dn.loc)
+        elif dn is not None:
+            default = _attr_value(dn, f"{where}.default", typ, choices)
+            if rng is not None and not isinstance(default, (DtypeLimit, str)) and default not in rng:
+                raise SpecError(f"{where}.default: {default!r} is outside the range {rng}", dn.loc)
+            if quantize is not None:
+                # a quantized attr is a float attr: its default is a number or a dtype limit
+                if not isinstance(default, float):
+                    raise SpecError(f"{where}.default: a quantized attr needs a number, not "
+                                    f"{default!r}", dn.loc)
+                try:
+                    fixed_point(default, quantize)
+                except ValueError as exc:
+                    raise SpecError(f"{where}.default: {exc}", dn.loc) from None
         taken[name.lower()] = "an attr"
-        if quantize is not None and isinstance(default, DtypeLimit):
-            raise SpecError(f"{where}.default: a quantized attr needs a number, not {default!r}", dn.loc)
-        if quantize is not None and default is not None:
-            try:
-                fixed_point(default, quantize)
-            except ValueError as exc:
-                raise SpecError(f"{where}.default: {exc}", dn.loc) from None
         specs.append(AttrSpec(name, typ, default, required, rng, null_means, quantize,
                               node.key_loc(name), choices))
     return tuple(specs)
 
 
-def _str_choices(f: "_Map", where: str, typ: str) -> Tuple[str, ...]:
+def _str_choices(f: "_Map", where: str, typ: AttrType) -> Tuple[str, ...]:
     """The choices of a str attr: names, each of which compiles to kernels of its own."""
     cn = f.get("choices")
-    if typ != "str":
+    if typ != AttrType.STR:
         if cn is not None:
             raise SpecError(f"{where}.choices: only str attrs take choices", cn.loc)
         return ()
@@ -289,7 +305,7 @@ def _str_choices(f: "_Map", where: str, typ: str) -> Tuple[str, ...]:
     items = _list(cn, f"{where}.choices")
     if not items:
         raise SpecError(f"{where}.choices: give at least one choice", cn.loc)
-    out = []
+    out: List[str] = []
     for item in items:
         value = item.value
         if not isinstance(value, str) or not _IDENT.match(value) or keyword.iskeyword(value):
@@ -302,16 +318,16 @@ def _str_choices(f: "_Map", where: str, typ: str) -> Tuple[str, ...]:
 
 
 def _outputs(node: YNode, taken: Dict[str, str], inputs: Tuple[InputSpec, ...]) -> Tuple[OutputSpec, ...]:
-    _Map(node, "outputs", None)
-    specs = []
-    for name, child in node.value.items():
+    m = _Map(node, "outputs", None)
+    specs: List[OutputSpec] = []
+    for name, child in m.value.items():
         where = f"outputs.{name}"
         _check_name(name, node.key_loc(name), "outputs", taken)
-        like = None
+        like: Optional[str] = None
         if child.value is not None:
             f = _Map(child, where, ("like",))
-            if f.get("like") is not None:
-                ln = f.get("like")
+            ln = f.get("like")
+            if ln is not None:
                 like = _string(ln, f"{where}.like")
                 if like not in [i.name for i in inputs]:
                     raise SpecError(f"{where}.like: {like!r} is not an input; expected one of: "
@@ -327,9 +343,9 @@ def _outputs(node: YNode, taken: Dict[str, str], inputs: Tuple[InputSpec, ...]) 
 
 
 def _bindings(node: YNode, section: str) -> Tuple[Binding, ...]:
-    _Map(node, section, None)
-    out = []
-    for name, child in node.value.items():
+    m = _Map(node, section, None)
+    out: List[Binding] = []
+    for name, child in m.value.items():
         _ident(name, node.key_loc(name), section)
         if isinstance(child.value, bool) or not isinstance(child.value, (str, int, float)):
             hint = ""
@@ -345,15 +361,15 @@ def _bindings(node: YNode, section: str) -> Tuple[Binding, ...]:
     return tuple(out)
 
 
-def _schedule(node: Optional[YNode], inputs, outputs) -> ScheduleSpec:
+def _schedule(node: Optional[YNode], inputs: Tuple[InputSpec, ...],
+              outputs: Tuple[OutputSpec, ...]) -> ScheduleSpec:
     if node is None:
         return ScheduleSpec()
     f = _Map(node, "schedule", ("inplace", "tile", "parallel_threshold", "threads", "fuse"))
-    inplace = []
-    if f.get("inplace") is not None:
-        ip = f.get("inplace")
-        _Map(ip, "schedule.inplace", None)
-        for out_name, in_node in ip.value.items():
+    inplace: List[Tuple[str, str]] = []
+    ip = f.get("inplace")
+    if ip is not None:
+        for out_name, in_node in _Map(ip, "schedule.inplace", None).value.items():
             if out_name not in [o.name for o in outputs]:
                 raise SpecError(f"schedule.inplace: {out_name!r} is not an output", in_node.loc)
             in_name = _string(in_node, f"schedule.inplace.{out_name}")
@@ -373,7 +389,7 @@ def _schedule(node: Optional[YNode], inputs, outputs) -> ScheduleSpec:
     tile = positive("tile", 16, 65536)
     if tile is not None and tile % 16:
         raise SpecError(f"schedule.tile: expected a multiple of 16 (a full vector), got {tile}",
-                        f.get("tile").loc)
+                        f.need("tile").loc)
     return ScheduleSpec(tuple(inplace), tile, positive("parallel_threshold", 0, 1 << 40),
                         positive("threads", 1, 1024), node.loc, _fuse_mode(f.get("fuse")))
 
@@ -415,7 +431,8 @@ def _parse(text: str, file: str) -> OpSpec:
     if not _OP_NAME.match(name):
         raise SpecError(f"name: {name!r} is not allowed; use lower-case letters, digits and "
                         "underscores, starting with a letter", name_node.loc)
-    summary = _string(top.get("summary"), "summary") if top.get("summary") is not None else ""
+    sn = top.get("summary")
+    summary = _string(sn, "summary") if sn is not None else ""
     taken: Dict[str, str] = {}
     inputs = _inputs(top.need("inputs"), taken)
     attrs = _attrs(top.get("attrs"), taken)
@@ -426,7 +443,8 @@ def _parse(text: str, file: str) -> OpSpec:
             raise SpecError(f"outputs.{o.name}: its gradient is called {cot!r} in backward "
                             f"expressions, which is already {taken[cot.lower()]}", o.loc)
     forward = _bindings(top.need("forward"), "forward")
-    backward = _bindings(top.get("backward"), "backward") if top.get("backward") is not None else None
+    bn = top.get("backward")
+    backward = _bindings(bn, "backward") if bn is not None else None
     schedule = _schedule(top.get("schedule"), inputs, outputs)
     pr = top.get("precision_reduce")
     precision_reduce = _bool(pr, "precision_reduce") if pr is not None else False
@@ -438,7 +456,7 @@ def _parse(text: str, file: str) -> OpSpec:
     return spec
 
 
-def load_spec(path) -> OpSpec:
+def load_spec(path: Union[str, "os.PathLike[str]"]) -> OpSpec:
     """Read and check one declaration file."""
     p = Path(path)
     try:

@@ -5,20 +5,23 @@ import ast
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from ..errors import Loc
-from ..kinds import Layout
+from ..kinds import AttrType, Layout
 
 # bfloat16 arrays need ml_dtypes (the NumPy dtype package of JAX and TensorFlow)
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 INT_DTYPES = ("int8", "int16", "int32")
 DTYPES = FLOAT_DTYPES + INT_DTYPES
 LAYOUTS = tuple(Layout)
-# The logical dims that a 4-d layout names, and their physical order in memory.
-LAYOUT_DIMS = {Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "C", "H", "W")}
-LAYOUT_PHYSICAL = {Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "H", "W", "C")}
-ATTR_TYPES = ("float", "int", "bool", "str")
+# The logical dims that a 4-d layout names, and their physical order in memory. Keyed by Layout
+# members, which hash and compare as their names: a layout a call names as text finds its entry.
+LAYOUT_DIMS: Dict[str, Tuple[str, ...]] = {
+    Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "C", "H", "W")}
+LAYOUT_PHYSICAL: Dict[str, Tuple[str, ...]] = {
+    Layout.NCHW: ("N", "C", "H", "W"), Layout.NHWC: ("N", "H", "W", "C")}
+ATTR_TYPES = tuple(AttrType)
 # the limits of a float dtype that declarations may name (`finfo.max` ...), as NumPy's finfo
 FINFO = ("max", "min", "eps", "tiny")
 # Keywords every operator call accepts; no input, attr or output may take these names.
@@ -54,7 +57,8 @@ def _expr_form(text: str) -> str:
         tree = ast.parse(text.strip().replace("\n", " "), mode="eval")
     except SyntaxError:
         return text
-    out, todo = [], [tree]
+    out: List[str] = []
+    todo: List[object] = [tree]
     while todo:
         item = todo.pop()
         if isinstance(item, _Text):
@@ -110,7 +114,7 @@ class InputSpec:
 @dataclass(frozen=True)
 class AttrSpec:
     name: str
-    type: str                         # float | int | bool | str
+    type: AttrType
     default: Union[Scalar, DtypeLimit]  # a DtypeLimit takes its value from the call's dtype
     required: bool
     range: Optional[Interval]
@@ -127,14 +131,14 @@ class AttrSpec:
         """What a call's number must satisfy beyond its type, as comparisons `value OP bound`;
         a bound of None compares the value with itself (it is not NaN). The checked call
         (runtime/bind.py) and the generated direct call both test exactly these."""
-        out: list = []
+        out: List[Tuple[str, Optional[float]]] = []
         r = self.range
         if r is not None:
             if r.low != -math.inf or r.low_open:
                 out.append((">" if r.low_open else ">=", r.low))
             if r.high != math.inf or r.high_open:
                 out.append(("<" if r.high_open else "<=", r.high))
-        if self.type == "float":
+        if self.type == AttrType.FLOAT:
             out.append(("==", None))  # last: NaN fails a range first, and is named there
         return tuple(out)
 
@@ -188,10 +192,10 @@ class OpSpec:
     def attr(self, name: str) -> AttrSpec:
         return next(a for a in self.attrs if a.name == name)
 
-    def attr_type(self, name: str) -> str:
+    def attr_type(self, name: str) -> AttrType:
         """The type of an attr a kernel reads: a declared one's, or float for the dtype limits
         (`finfo.max` ...) the runtime passes like attrs."""
-        return "float" if name.startswith("finfo.") else self.attr(name).type
+        return AttrType.FLOAT if name.startswith("finfo.") else self.attr(name).type
 
     @functools.cached_property
     def input_names(self) -> Tuple[str, ...]:
@@ -220,9 +224,9 @@ class OpSpec:
         return tuple(d for d in self.dtypes if d in INT_DTYPES)
 
     @functools.cached_property
-    def layouts(self) -> Tuple[str, ...]:
+    def layouts(self) -> Tuple[Layout, ...]:
         """The layouts a call may name; the first is the default."""
-        seen = []
+        seen: List[Layout] = []
         for i in self.inputs:
             if i.layouts_declared:
                 for layout in i.layouts:

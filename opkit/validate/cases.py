@@ -9,7 +9,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
-from ..kinds import Op
+from ..kinds import AttrType, Op
 
 
 DIM_SIZES = {"N": 2, "C": 3, "H": 5, "W": 7}
@@ -75,9 +75,9 @@ def _conv_shapes(spec: OpSpec) -> List[Tuple[str, Dict[str, int], Dict[str, obje
         return []
     node = convs[0]
     x_dims, w_dims, out_dims = node.params
-    out = []
+    out: List[Tuple[str, Dict[str, int], Dict[str, object]]] = []
     for label, n, c, h, w, o, k, stride, pad in CONV_CASES:
-        attrs = {}
+        attrs: Dict[str, int] = {}
         for arg, value in zip(node.args[2:], (stride, pad)):
             if arg.op == Op.ATTR:
                 attrs[arg.name] = value
@@ -88,7 +88,7 @@ def _conv_shapes(spec: OpSpec) -> List[Tuple[str, Dict[str, int], Dict[str, obje
             continue
         sizes = dict(zip(x_dims, (n, c, h, w)))
         sizes.update({w_dims[0]: o, w_dims[2]: k, w_dims[3]: k, out_dims[2]: oh, out_dims[3]: ow})
-        out.append((label, sizes, attrs))
+        out.append((label, sizes, {**attrs}))
     return out
 
 
@@ -99,7 +99,8 @@ def make_cases(spec: OpSpec, rng, tile: int = 1024, threshold: int = 32768,
     convs = _conv_shapes(spec)
     for layout in spec.layouts:
         anchor = LAYOUT_PHYSICAL.get(layout)
-        shapes = [(label, sizes, {}) for label, sizes in _full_shapes(spec, layout, tile, threshold)]
+        shapes: List[Tuple[str, Dict[str, int], Dict[str, object]]] = [
+            (label, sizes, {}) for label, sizes in _full_shapes(spec, layout, tile, threshold)]
         if convs and layout in LAYOUT_DIMS:
             shapes = convs
         for label, sizes, case_attrs in shapes:
@@ -166,21 +167,21 @@ def case_inputs(case: Case, dtype: str) -> Dict[str, np.ndarray]:
 def default_attrs(spec: OpSpec) -> Dict[str, object]:
     """A value for every attr: its default (one that depends on the dtype, such as
     `finfo.max`, is left to the call), or one inside its range."""
-    out = {}
+    out: Dict[str, object] = {}
     for a in spec.attrs:
         if isinstance(a.default, DtypeLimit):
             continue
         if not a.required:
             out[a.name] = a.default
-        elif a.type == "str":
+        elif a.type == AttrType.STR:
             out[a.name] = a.choices[0]
-        elif a.type == "bool":
+        elif a.type == AttrType.BOOL:
             out[a.name] = True
         elif a.range is not None and math.isfinite(a.range.low) and math.isfinite(a.range.high):
             mid = (a.range.low + a.range.high) / 2
-            out[a.name] = int(round(mid)) if a.type == "int" else mid
+            out[a.name] = int(round(mid)) if a.type == AttrType.INT else mid
         else:
-            out[a.name] = 1 if a.type == "int" else 0.5
+            out[a.name] = 1 if a.type == AttrType.INT else 0.5
     return out
 
 
@@ -188,15 +189,15 @@ def attr_samples(spec: OpSpec, rng, count: int = 2) -> List[Dict[str, object]]:
     """The defaults, then `count` random points inside each attr's range."""
     samples = [default_attrs(spec)]
     for _ in range(count):
-        attrs = {}
+        attrs: Dict[str, object] = {}
         for a in spec.attrs:
             lo, hi = (a.range.low, a.range.high) if a.range else (-2.0, 2.0)
             lo, hi = max(lo, -4.0), min(hi, 4.0)
-            if a.type == "bool":
+            if a.type == AttrType.BOOL:
                 attrs[a.name] = bool(rng.integers(2))
-            elif a.type == "str":
+            elif a.type == AttrType.STR:
                 attrs[a.name] = a.choices[int(rng.integers(len(a.choices)))]
-            elif a.type == "int":
+            elif a.type == AttrType.INT:
                 attrs[a.name] = int(rng.integers(int(math.ceil(lo)), int(math.floor(hi)) + 1)) \
                     if math.floor(hi) >= math.ceil(lo) else default_attrs(spec)[a.name]
             else:

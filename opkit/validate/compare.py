@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Type
 
 import numpy as np
 
@@ -26,7 +26,8 @@ TOLERANCE = {"float16": (1e-3, 1e-3), "float32": (1e-4, 1e-4), "float64": (1e-10
              "bfloat16": (8e-3, 8e-3)}
 
 
-_SINT = {"float16": np.int16, "float32": np.int32, "float64": np.int64, "bfloat16": np.int16}
+_SINT: Dict[str, Type[np.signedinteger]] = {"float16": np.int16, "float32": np.int32,
+                                            "float64": np.int64, "bfloat16": np.int16}
 
 
 def ulp_distance(actual: np.ndarray, expected: np.ndarray, dtype: str) -> int:

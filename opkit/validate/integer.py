@@ -6,7 +6,7 @@ output dtype's range. Integer kernels must match this bit for bit.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -17,13 +17,13 @@ from ..quantize import fixed_point
 from ..spec.model import OpSpec
 from ..kinds import Op, ValueKind
 
-_INT_NUMPY = {"abs": np.abs}
+_INT_NUMPY = {Op.ABS: np.abs}
 
 
 def evaluate_int(spec: OpSpec, graph: Graph, values: Dict[str, tuple], attrs: Dict[str, object]):
     quant = {a.name: a.quantize for a in spec.attrs if a.quantize is not None}
     env: Dict[int, tuple] = {}
-    fixed: Dict[int, tuple] = {}  # node id of a quantized attr -> (m, bits)
+    fixed: Dict[int, Tuple[int, int]] = {}  # node id of a quantized attr -> (m, bits)
     for n in graph.nodes():
         if n.op == Op.INPUT:
             arr, nm = values[n.name]
@@ -31,6 +31,8 @@ def evaluate_int(spec: OpSpec, graph: Graph, values: Dict[str, tuple], attrs: Di
         elif n.op == Op.ATTR:
             v = attrs[n.name]
             if n.name in quant:
+                if not isinstance(v, (int, float)):
+                    raise TypeError(f"{n.name} is quantized: it takes a number, got {v!r}")
                 m, bits, _ = fixed_point(v, quant[n.name])
                 fixed[id(n)] = (m, bits)
                 env[id(n)] = (np.asarray(m, np.int64), ())
@@ -42,9 +44,10 @@ def evaluate_int(spec: OpSpec, graph: Graph, values: Dict[str, tuple], attrs: Di
             args = [env[id(a)] for a in n.args]
             names, _, views = named.align(args, [f"argument {i}" for i in range(len(args))])
             q = [fixed.get(id(a)) for a in n.args]
-            if n.op == Op.MUL and any(q):
+            factor = (q[1] or q[0]) if n.op == Op.MUL else None  # a fixed-point attr's (m, bits)
+            if factor is not None:
                 k = 0 if q[1] else 1  # the value multiplied by the fixed-point attr
-                m, bits = q[1 - k]
+                m, bits = factor
                 result = (views[k] * m + (1 << (bits - 1))) >> bits
             else:
                 result = _INT_NUMPY.get(n.op, PRIMITIVES[n.op].numpy)(*views)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..dsl import named
 from ..dsl.graph import Graph
-from ..dsl.ir import topo_order
+from ..dsl.ir import Node, format_expr, topo_order
 from ..dsl.library import LIBRARY, Context, derive_sizes, input_sizes
 from ..dsl.primitives import PRIMITIVES
 from ..kinds import Op, ValueKind
@@ -31,8 +31,7 @@ def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
     kinks = graph.kinks if masks is not None else ()
     roots = [*graph.output_nodes, *kinks]
     order = topo_order(roots)
-    sizes = derive_sizes(order, input_sizes(inputs),
-                         lambda n: attrs[n.name] if n.op == Op.ATTR else n.value)
+    sizes = derive_sizes(order, input_sizes(inputs), lambda n: _number(n, attrs))
     ctx = Context(inputs, accumulate=np.float64 if dtype == np.float64 else None, sizes=sizes)
     # an intermediate is dropped after its last use: a long expression keeps few arrays alive
     uses = Counter(id(a) for n in order for a in n.args)
@@ -49,6 +48,14 @@ def evaluate(graph: Graph, values: Dict[str, Value], attrs: Dict[str, object],
     if masks is not None:
         masks.extend(env[id(k)][0] for k in kinks)
     return {name: env[id(node)] for name, node in graph.outputs}
+
+
+def _number(n: Node, attrs: Dict[str, object]) -> float:
+    """The number a scalar argument of a library call (an attr or a constant) stands for."""
+    value = attrs[n.name] if n.op == Op.ATTR else n.value
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"{format_expr(n)} is {value!r}, not a number")
+    return value
 
 
 def _value(n, env, inputs, attrs, ctx: Context, dtype) -> Value:

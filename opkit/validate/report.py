@@ -70,6 +70,7 @@ def _measure(checks: List[Check]) -> str:
     worst = max(c.worst for c in checks)
     if worst == 0:
         return "exact"
-    if all(c.max_ulp is not None for c in checks):
-        return f"{max(c.max_ulp for c in checks)} ulp"
+    ulps = [c.max_ulp for c in checks if c.max_ulp is not None]
+    if len(ulps) == len(checks):
+        return f"{max(ulps)} ulp"
     return f"{worst:.2g} of tol"
