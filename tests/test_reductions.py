@@ -420,7 +420,7 @@ def test_show_lists_the_compiled_reductions_instructions(capsys):
     from opkit.cli import main
     assert main(["show", str(REDUCTIONS / "softmax.yaml")]) == 0
     out = capsys.readouterr().out
-    assert "library call amax(x) -> tmp0\n  compiled (templates/opkit_reduce.h)" in out
+    assert "library call amax(x) -> tmp0 (TBE vreduce_max)\n  compiled (templates/opkit_reduce.h)" in out
     assert "vcmax    tmp0, tmp0.acc" in out
     for kind in ("forward", "backward"):
         assert f"{kind} in slices: a call whose largest input has 16 MiB or more runs the steps " \

@@ -111,7 +111,7 @@ MATH_FUNCTIONS = tuple(sorted(
 
 def _libm_calls() -> Tuple[str, ...]:
     """The C math library's functions the forms call ({f}: the float and the double one)."""
-    names = set()
+    names: set = set()
     for table in (C, *OVERRIDES.values()):
         for cf in table.values():
             for m in re.finditer(r"\b([a-z][a-z0-9_]*)(\{f\})?\(", cf.text + "\n" + cf.bounded):

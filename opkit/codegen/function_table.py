@@ -4,7 +4,7 @@ target's table (codegen/c_ops.py). `python -m opkit.codegen.function_table` prin
 keeps the page equal to it."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Sequence
 
 from ..dsl.primitives import PRIMITIVES
 from ..kinds import Op
@@ -15,7 +15,7 @@ END = "<!-- end of the generated function table -->"
 
 
 def _call(p) -> str:
-    names = "xyz" if p.name != Op.WHERE else "cxy"
+    names: Sequence[str] = "xyz" if p.name != Op.WHERE else "cxy"
     if p.name == Op.CLAMP:
         names = ("x", "lo", "hi")
     if p.name == Op.POW:

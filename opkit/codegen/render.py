@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from .c_ops import C as C_OPS, LIBM, MATH_FUNCTIONS, declaration, form as c_form
 from ..backend import blas
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, LibCall, Lowered, Reg,
                      Schedule, compute_dtype, cost, listing, quantized)
+from ..lower.plan import Step
 from ..lower.fuse import MAX_OPERANDS
 from ..lower.reduce import COMPILED_REDUCTIONS, LANE_BYTES, MAX_SUMS, SUM_CHUNK
 from ..lower.integer import fixed_point_factor
@@ -150,8 +151,9 @@ def _hoisted(kernel: Kernel, ct: ComputeType):
 
 
 def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = False,
-               quant: Dict[str, int] = None, scalars: Sequence[int] = ()) -> List[str]:
+               quant: Optional[Dict[str, int]] = None, scalars: Sequence[int] = ()) -> List[str]:
     """The element loop's body; inputs in `scalars` are one value per row (s<slot>)."""
+    quant = quant or {}
     lines = []
     hoisted = set(_hoisted(kernel, ct))
     once = {i.dst: i for i in hoisted}  # what the prologue computes, by register
@@ -164,9 +166,11 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             continue
         args = [_operand(a, ct) for a in ins.args]
         where = f"  # {file_name}:{ins.loc.line}" if ins.loc else ""
-        k = fixed_point_factor(ins, quant or {}) if ct.integer else None
+        k = fixed_point_factor(ins, quant) if ct.integer else None
         if k is not None:  # x * (m / 2**bits): integer multiply, round, arithmetic shift
-            bits = quant[ins.args[1 - k].name]
+            factor = ins.args[1 - k]
+            assert isinstance(factor, Attr)   # (fixed_point_factor finds a quantized attr)
+            bits = quant[factor.name]
             lines.append(f"{ins.dst} = opk_qmul_{ct.tag}({args[k]}, {args[1 - k]}, {bits}){where}")
         elif ins.op == Op.WHERE and isinstance(ins.args[0], Reg):
             made = {i.dst: i for i in kernel.body if i not in hoisted}
@@ -325,7 +329,7 @@ def _row_variants(kernel: Kernel, spec: OpSpec, instances, file_name: str, clip:
     else:
         picks = []
         for d in kernel.dims or ():
-            pick = [s for s in slots if kernel.in_dims[s] is not None and d not in kernel.in_dims[s]]
+            pick = [s for s in slots if (dims := kernel.in_dims[s]) is not None and d not in dims]
             if pick and pick not in picks:
                 picks.append(pick)
     variants = {}
@@ -398,7 +402,7 @@ def _direct_kernel(plan) -> Optional[Tuple[Kernel, List[str]]]:
     """(the pass's one kernel, the names of the results it writes), when that kernel is all the
     pass does on same-shape arrays: it reads the pass's inputs and writes its outputs. A sum_to
     folded into it (a gradient reduced to its input's shape) is the identity there."""
-    steps = plan.steps if plan is not None else ()
+    steps: Tuple[Step, ...] = plan.steps if plan is not None else ()
     if len(steps) != 1 or not isinstance(steps[0], Kernel):
         return None
     k = steps[0]
@@ -431,11 +435,11 @@ def _direct_attrs(spec: OpSpec) -> List[Dict]:
         by_dtype = isinstance(a.default, DtypeLimit)
         default = None if a.required or by_dtype else (
             "True" if a.default is True else "False" if a.default is False
-            else "None" if a.default is None else _number(a.default))
+            else "None" if a.default is None else _number(cast(float, a.default)))
         attrs.append({"name": a.name, "type": a.type, "required": a.required or by_dtype,
                       "default": default,
                       "nullable": a.nullable,
-                      "null_means": _number(a.null_means) if a.nullable else None,
+                      "null_means": _number(cast(float, a.null_means)) if a.nullable else None,
                       "checks": _attr_checks(a) if a.type != "bool" else []})
     return attrs
 

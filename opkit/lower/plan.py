@@ -217,10 +217,14 @@ class LibCall:
     @property
     def array(self) -> Value:
         """The array a reduction (sum, mean, sum_to ...) adds up: its first argument."""
-        first = self.args[0]
-        if not isinstance(first, Value):
-            raise TypeError(f"{self.name}: the first argument of {self.prim} is {first}, not an array")
-        return first
+        return self.array_arg(0)
+
+    def array_arg(self, i: int) -> Value:
+        """Argument i, an array (a TypeError if the plan has a number there)."""
+        arg = self.args[i]
+        if not isinstance(arg, Value):
+            raise TypeError(f"{self.name}: argument {i} of {self.prim} is {arg}, not an array")
+        return arg
 
     @property
     def reads(self) -> Tuple[Value, ...]:

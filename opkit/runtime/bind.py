@@ -115,12 +115,12 @@ def check_attrs(spec: OpSpec, given: dict, where: str,
     """The attrs as kernels take them (a null one as its null_means, a `finfo.max` default as
     the call's dtype says; without a dtype it stays as declared); TypeError or ValueError
     naming the attr otherwise."""
-    out = dict(finfo_values(dtype)) if dtype is not None else {}
+    out: Dict[str, object] = dict(finfo_values(dtype)) if dtype is not None else {}
     for a in spec.attrs:
         if a.name not in given:
             if a.required:
                 raise TypeError(f"{where} is missing the attribute {a.name!r} ({a.type})")
-            v = a.default
+            v: object = a.default
             if isinstance(v, DtypeLimit):
                 if dtype is None:
                     out[a.name] = v
@@ -152,22 +152,21 @@ def check_attrs(spec: OpSpec, given: dict, where: str,
             continue
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
             raise TypeError(f"{where}: {a.name} must be {_KIND[a.type]}, got {type(v).__name__} {v!r}")
-        if isinstance(v, numbers.Integral) and not -_LIMIT[a.type] <= v <= _LIMIT[a.type]:
+        if isinstance(v, numbers.Integral) and not -_LIMIT[a.type] <= int(v) <= _LIMIT[a.type]:
             # kernels take attrs as float64 numbers: exact for integers up to 2**53
             raise ValueError(f"{where}: {a.name} must be {_KIND[a.type]} of magnitude at most "
                              f"{_LIMIT_TEXT[a.type]}, got an integer of {int(v).bit_length()} bits")
+        num: float = float(v)
         if a.type == "int":
-            if not float(v).is_integer():
+            if not num.is_integer():
                 raise TypeError(f"{where}: {a.name} must be an integer, got {v!r}")
-            v = int(v)
-        else:
-            v = float(v)
+            num = int(num)   # exact: an integer of at most 2**53
         for op, bound in a.conditions():
-            if not _COMPARE[op](v, v if bound is None else bound):
+            if not _COMPARE[op](num, num if bound is None else bound):
                 if bound is None:
                     raise ValueError(f"{where}: {a.name} must be a number, got nan")
-                raise ValueError(f"{where}: {a.name} must be in {a.range}, got {v!r}")
-        out[a.name] = v
+                raise ValueError(f"{where}: {a.name} must be in {a.range}, got {num!r}")
+        out[a.name] = num
     return out
 
 
@@ -283,7 +282,7 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
     if dtype_name(dtype) not in spec.dtypes:
         raise TypeError(f"{where}: the inputs together need dtype {dtype.name}, which this "
                         f"operator does not support ({', '.join(spec.dtypes)})")
-    outputs = {}
+    outputs: Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...], Optional[str]]] = {}
     for o in spec.outputs:
         if o.like is not None:
             like_arr, like_names = values[o.like]

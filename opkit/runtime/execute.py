@@ -7,7 +7,7 @@ import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -38,14 +38,14 @@ def _instance(dtype: np.dtype) -> Tuple[str, np.dtype]:
 
 
 def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.dtype):
-    """A fused call as the convolution the C code runs: its ConvProblem, x with its byte strides over (N, C, H, W) and dtype code, the weights packed
-    in the compute type, the names of the output's (N, O, OH, OW) axes, and the order the
+    """A fused call as the convolution the C code runs: its ConvProblem, x with its byte
+    strides over (N, C, H, W) and dtype code, the weights packed in the compute type, the names of the output's (N, O, OH, OW) axes, and the order the
     result is stored in. A 2-d matmul [M, K] @ [K, C] is the 1 x 1 convolution of an image of
     M rows and one column."""
     if call.prim == Op.CONV2D:
         x_dims, w_dims, out_dims = call.params
-        x, xn = env[call.args[0]]
-        wv = named.expand_to(*env[call.args[1]], w_dims)
+        x, xn = env[call.array]
+        wv = named.expand_to(*env[call.array_arg(1)], w_dims)
         s, p = conv_ints(*(_number(a, bound) for a in call.args[2:]))
         sizes = [x.shape[xn.index(d)] if d in xn else 1 for d in x_dims]
         xs = tuple(x.strides[xn.index(d)] if d in xn and x.shape[xn.index(d)] > 1 else 0
@@ -59,9 +59,9 @@ def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.d
         axes = out_dims
     else:  # einsum [M, K] @ [K, C]
         a_dims, b_dims, out_dims = call.params
-        a, an = env[call.args[0]]
+        a, an = env[call.array]
         a = named.expand_to(a, an, a_dims)
-        b = named.expand_to(*env[call.args[1]], b_dims)
+        b = named.expand_to(*env[call.array_arg(1)], b_dims)
         (m, k), cn = a.shape, b.shape[1]
         x, xn, xs = a, a_dims, (0, a.strides[1] if k > 1 else 0, a.strides[0] if m > 1 else 0, 0)
         conv = ConvProblem(N=1, C=k, H=m, W=1, O=cn, KH=1, KW=1, OH=m, OW=1, stride=1, pad=0, nhwc=1)
@@ -76,7 +76,7 @@ def _number(arg, bound: Bound):
     return bound.attrs[arg.name] if isinstance(arg, Attr) else arg.value
 
 
-def _block_strides(arr: np.ndarray, names, axes) -> Optional[Tuple[int, int, int, int]]:
+def _block_strides(arr: np.ndarray, names, axes) -> Optional[Tuple[int, ...]]:
     """Byte strides of an epilogue operand over the output's (N, O, OH, OW) axes, 0 where it
     is broadcast; None if it varies along anything else."""
     for n, size in zip(names, arr.shape):
@@ -107,7 +107,7 @@ def _iteration_space(layouts: Tuple[Tuple[Tuple[int, ...], Tuple[str, ...]], ...
     found = _SPACES.get(layouts)
     if found is None:
         nm = named.union_names([n for _, n in layouts])
-        sizes = named.dim_sizes([(_Shaped(shape), n) for shape, n in layouts],
+        sizes = named.dim_sizes([(cast(np.ndarray, _Shaped(shape)), n) for shape, n in layouts],
                                 [str(v) for v in labels])
         found = nm, tuple(sizes[n] for n in nm)
         _remember(_SPACES, layouts, found)
@@ -198,7 +198,7 @@ class Executor:
         self.direct: Dict[Value, LibCall] = {}
         for i, step in enumerate(plan.steps):
             if isinstance(step, LibCall) and step.prim == Op.SUM_TO and step.result.kind is Kind.OUTPUT:
-                src = step.args[0]
+                src = step.array
                 if src.kind is Kind.TEMP and self.readers.get(src) == [i]:
                     self.direct[src] = step
         # a kernel's temps read only by sums folded into it: they need not be stored
@@ -206,8 +206,8 @@ class Executor:
         self.folded: Dict[Value, List[LibCall]] = {}
         for step in plan.kernels:
             for c in step.sums:
-                if c.args[0] not in self.readers:
-                    self.folded.setdefault(c.args[0], []).append(c)
+                if c.array not in self.readers:
+                    self.folded.setdefault(c.array, []).append(c)
         # outputs that steps after the one writing them read (a batch mean the normalization uses)
         self.reread = {v for v, readers in self.readers.items() if v.kind is Kind.OUTPUT}
         self.wide = summed_for_outputs(plan)
@@ -298,7 +298,7 @@ class Executor:
         values = self.values
         env: Dict[Value, Array] = {values[n]: v for n, v in bound.values.items()}
         results: Dict[str, np.ndarray] = {}
-        skipped = set()
+        skipped: set = set()
         tag, temp_dtype = _instance(bound.dtype)
         for vid, arr in out_arrays.items():
             env[vid] = (arr, like[vid][1])
@@ -363,25 +363,25 @@ class Executor:
             clips = tuple((-clip, clip) if v.kind is Kind.OUTPUT or v in landed
                           else (-np.inf, np.inf) for v in step.outputs)
         sums = self._sums(summed, env, values, self._lanes(step, env, summed))
-        later = ()
+        later: List[Value] = []
         if sums and clips is not None:
             # a folded sum adds up the gradient as computed; what lands in an output is clamped
             # after the pass, as a library call's result is
-            sources = {c.args[0] for c in summed}
+            sources = {c.array for c in summed}
             later = [v for v, c in zip(step.outputs, clips) if v in sources and c[0] != -np.inf]
             clips = tuple((-np.inf, np.inf) if v in sources else c for v, c in zip(step.outputs, clips))
         self._kernel(step, env, bound, st.module, st.tag, self._writes_given(step, st), clips,
-                     [(step.outputs.index(c.args[0]), folded) for c, folded in zip(summed, sums)],
+                     [(step.outputs.index(c.array), part) for c, part in zip(summed, sums)],
                      discard)
-        for v in later:
-            np.clip(env[v][0], -clip, clip, out=env[v][0])
-        for c, folded in zip(summed, sums):
-            total = _mean_of(folded.total, env[c.args[0]], c.params[0]) if c.prim == Op.MEAN \
-                else folded.total
+        for v in later:   # (clip is given: `later` has entries only then)
+            np.clip(env[v][0], -cast(float, clip), clip, out=env[v][0])
+        for c, part in zip(summed, sums):
+            total = _mean_of(part.total, env[c.array], c.params[0]) if c.prim == Op.MEAN \
+                else part.total
             # a slice's own sum, or one only a sum_to into an output reads: kept as added up
             if out_dtypes.get(c.result) != np.float64 and c.result not in self.wide:
                 total = _narrowed(total, st.temp_dtype)
-            self._put(c.result, (total, folded.names), env, out_dtypes, like, clip,
+            self._put(c.result, (total, part.names), env, out_dtypes, like, clip,
                       st.temp_dtype, st.final)
 
     @staticmethod
@@ -395,8 +395,8 @@ class Executor:
         """For each folded sum, whether the walk adds runs into it whole (it does not vary along
         the output's fastest dim): then it is kept as lanes (opk_lanes)."""
         operands = [env[v] for v in k.inputs] + [env[v] for v in k.outputs]
-        targets = [env[self.values[c.params[0]]] if c.prim == Op.SUM_TO else None for c in calls]
-        targets = tuple((t[0].shape, t[1]) if t is not None else None for t in targets)
+        found_targets = [env[self.values[c.params[0]]] if c.prim == Op.SUM_TO else None for c in calls]
+        targets = tuple((t[0].shape, t[1]) if t is not None else None for t in found_targets)
         key = (k.name, tuple(id(c) for c in calls), targets,
                tuple((arr.shape, arr.strides, nm) for arr, nm in operands))
         found = self._lane_flags.get(key)
@@ -459,7 +459,7 @@ class Executor:
                 target, names = env[values[c.params[0]]]
                 shape = target.shape
             else:
-                arr, arr_names = env[c.args[0]]
+                arr, arr_names = env[c.array]
                 names = tuple(n for n in arr_names if n in c.params[0])
                 shape = tuple(arr.shape[arr_names.index(n)] for n in names)
             out.append(_Folded(np.zeros(shape), names, lane))
@@ -491,16 +491,22 @@ class Executor:
                 env[result] = (self._allocate(st.like[result], st.out_dtypes[result])
                                if result.kind is Kind.OUTPUT else (np.empty(shape, st.temp_dtype), phys))
             ops, slot = [result, result], 0
-        arrays, strides, codes = [], [], []
+        arrays: List[Optional[np.ndarray]] = []
+        strides: List[Tuple[int, ...]] = []
+        codes: List[int] = []
         for i, v in enumerate(ops):
             if i == slot:
-                arrays.append(None), strides.append((0, 0, 0, 0)), codes.append(0)
+                arrays.append(None)
+                strides.append((0, 0, 0, 0))
+                codes.append(0)
                 continue
             arr, names = env[v]
-            s = _block_strides(arr, names, axes)
-            if s is None:
+            block = _block_strides(arr, names, axes)
+            if block is None:
                 return False  # only when the arrays here are not what the plan lowered for
-            arrays.append(arr), strides.append(s), codes.append(DTYPE_CODES[dtype_name(arr.dtype)])
+            arrays.append(arr)
+            strides.append(block)
+            codes.append(DTYPE_CODES[dtype_name(arr.dtype)])
         attrs = st.bound.attrs
         eattrs = tuple(attrs[a] for a in k.attrs) if k is not None else ()
         sattrs = tuple(tuple(attrs[a] for a in s.kernel.attrs) if s.kernel is not None else ()
@@ -549,7 +555,7 @@ class Executor:
         return np.empty(shape, dtype=dtype), nm
 
     def _kernel(self, k: Kernel, env: Dict[Value, Array], bound: Bound, module, tag: str,
-                warm: bool, clips=None, sums: Sequence[Tuple[int, Array]] = (),
+                warm: bool, clips=None, sums: Sequence[Tuple[int, "_Folded"]] = (),
                 discard: int = 0) -> None:
         """`sums`: (output index, _Folded) of the sums folded into `k` that this call adds up
         (the layout of each one's partials is an operand: the kernel keeps the parts a chunk

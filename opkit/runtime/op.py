@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -63,8 +63,8 @@ class Op:
         self.__doc__ = f"{spec.name}: {spec.summary}" if spec.summary else spec.name
         self._lock = threading.RLock()
         self._modules: Dict[str, object] = {}
-        self._fast: Dict[str, object] = {}  # isa -> the module's direct call, if it has one
-        self._fast_bwd: Dict[str, object] = {}  # isa -> its direct backward call, if it has one
+        self._fast: Dict[str, Callable] = {}  # isa -> the module's direct call, if it has one
+        self._fast_bwd: Dict[str, Callable] = {}  # isa -> its direct backward call, if any
         self._shapes: Dict[tuple, object] = {}  # what calls with the same shapes decided
         self._builds: Dict[str, BuildResult] = {}
         self._graphs: Dict[int, OpGraphs] = {0: graphs}         # by variant index
@@ -158,6 +158,7 @@ class Op:
             for note in self.fusion_notes():
                 warnings.warn(note, FusionWarning, stacklevel=2)
         with self._lock:
+            result: Optional[BuildResult]
             try:
                 result = build(self.name, self.source(tc.target.isa), self.spec.canonical(), tc,
                                force=force)
@@ -256,7 +257,7 @@ class Op:
         _disjoint(labels, where)
         return result
 
-    def _resolve_overlap(self, bound: Bound, outs: Dict[str, np.ndarray]) -> None:
+    def _resolve_overlap(self, bound: Bound, outs: Dict[Value, np.ndarray]) -> None:
         """An input sharing memory with an out array is copied first, unless it is exactly the
         same array and the declaration lets that output overwrite it (schedule.inplace)."""
         inplace = self._inplace

@@ -10,7 +10,7 @@ A mode that asks for a dtype the operator has no kernels for is a TypeError nami
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, cast
 
 import numpy as np
 
@@ -66,5 +66,5 @@ def quantized_attrs(spec: OpSpec, attrs: Dict[str, object]) -> Dict[str, object]
     out = dict(attrs)
     for a in spec.attrs:
         if a.quantize is not None and out.get(a.name) is not None:
-            out[a.name] = fixed_point(out[a.name], a.quantize)[2]
+            out[a.name] = fixed_point(cast(float, out[a.name]), a.quantize)[2]  # (a number: bound)
     return out

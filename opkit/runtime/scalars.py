@@ -11,7 +11,7 @@ the checked path, which raises.
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional, cast
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def check_scalars(spec: OpSpec, plan: Plan, attrs: Dict[str, object], dtype: np.
         return
     float_attrs, prologues = _what_to_check(spec, plan)
     for a in float_attrs:
-        v = attrs[a]
+        v = cast(Optional[float], attrs[a])   # a float attr, bound: a number or None
         if v is None:
             continue
         if overflows(v):

@@ -227,7 +227,7 @@ def _batch_dims(plan: Plan) -> Tuple[str, ...]:
     slicing = False
     for s in plan.steps:
         mixes = LIBRARY[s.prim].mixes if isinstance(s, LibCall) else None
-        if mixes is not None:
+        if mixes is not None and isinstance(s, LibCall):
             along.update(mixes(s.params))
             slicing = True
         elif not (isinstance(s, Kernel) and not s.sums
