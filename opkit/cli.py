@@ -14,7 +14,7 @@ import time
 import warnings
 from typing import List, Optional
 
-from . import backend
+from . import backend, report
 from ._version import __version__
 from ._options import add_path_option, attr_option
 from .bench import add_parser as add_bench_parser
@@ -290,14 +290,12 @@ def cmd_show(args) -> int:
     if args.shape:
         print("\n\n".join(_show_schedule(op, args) for op in ops))
         return 0
-    print("\n\n".join(_show(op, args.build) for op in ops))
+    print("\n\n".join(report.describe(op, args.build) for op in ops))
     return 0
 
 
 def _show_schedule(op, args) -> str:
-    """How a call on arrays of the given shapes runs, forward and backward: whole or in slices
-    (runtime/schedule.py). The arrays are allocated, never touched."""
-    import numpy as np
+    """`opkit show NAME --shape ...`: the shapes checked against the operator's inputs."""
     shapes = dict(_shape_option(t) for t in args.shape)
     for name, shape in shapes.items():
         if not all(isinstance(d, int) for d in shape):
@@ -310,137 +308,8 @@ def _show_schedule(op, args) -> str:
                          f"({', '.join(op.spec.input_names)})"
                          + (f"; {', '.join(unknown)} is not one" if unknown else "")
                          + (f"; missing {', '.join(missing)}" if missing else ""))
-    arrays = {name: np.empty(shape, args.dtype) for name, shape in shapes.items()}
     attrs = dict(attr_option(op, t) for t in args.attr)
-    found = op.schedules(**arrays, **attrs, layout=args.layout)
-    given = ", ".join(f"{n}[{', '.join(map(str, a.shape))}]" for n, a in arrays.items())
-    out = [f"# {op.name} on {given} {args.dtype}" + (f" {args.layout}" if args.layout else "")]
-    out += [f"{kind}: {sched.describe()}" for kind, sched in found.items()]
-    return "\n".join(out)
-
-
-def _show(op, build: bool) -> str:
-    from .lower import cost, listing
-    s = op.spec
-    out = [f"# {s.name}: {s.summary}", f"# declared in {s.file}", "", "## declaration", "",
-           s.source.rstrip(), "", "## forward", "", op.graphs.forward.format()]
-    if len(op.variants) > 1:  # str attrs' choices, optional inputs given or not
-        out += ["", f"## variants ({len(op.variants)}, each with kernels of its own; the "
-                "first is shown above and below)", ""]
-        for v in op.variants:
-            graphs = op.graphs_of(v)
-            out += [f"variant {v.index}: {v.label()}"]
-            out += ["  forward: " + line for line in graphs.forward.format().splitlines()]
-            if graphs.differentiable:
-                out += ["  backward: " + line for line in graphs.backward.format().splitlines()]
-    quantized = [a for a in s.attrs if a.quantize is not None]
-    if quantized:
-        from .quantize import fixed_point
-        out += ["", "## fixed-point attrs (integer kernels; float kernels with alpha_quant)", ""]
-        for a in quantized:
-            if a.default is None:
-                out.append(f"{a.name}: {a.quantize} bits, no default")
-                continue
-            m, bits, value = fixed_point(a.default, a.quantize)
-            out.append(f"{a.name}: {a.quantize} bits; default {a.default!r} is m = {m}, "
-                       f"{m}/2**{bits} = {value!r} (error {value - a.default:+.3g})")
-    if op.graphs.differentiable:
-        how = "declared (checked against the derivation)" if op.graphs.declared else "derived"
-        out += ["", f"## backward, {how}", "", op.graphs.backward.format()]
-        if op.graphs.declared:
-            out += ["", "derived for comparison:", op.graphs.derived.format()]
-    lowered = op.lowered()  # (the kernel section shows the first variant's kernels)
-    built = None
-    try:
-        built = op.build() if build else None
-    except BuildError as exc:
-        out += ["", f"(build failed: {exc})"]
-    vec = (built.meta.get("vectorization", {}) if built else {})
-    out += ["", "## kernels and schedule"]
-    from .builder import toolchain
-    from .codegen import COMPUTE
-    from .lower import Kernel
-    from .lower.tbe import CALLS, REDUCTIONS
-    target = toolchain().target
-    sch = lowered.schedule
-    out += _fusion_lines(lowered)
-    for plan in (lowered.forward, lowered.backward):
-        if plan is None:
-            continue
-        for step in _flat_steps(plan):
-            if not isinstance(step, Kernel):
-                out += ["", f"{step.name}: library call {step.prim}({', '.join(map(str, step.args))})"
-                        f" -> {step.result} (TBE {CALLS[step.prim]})"]
-                seq = REDUCTIONS.get(step.prim)
-                if seq is not None:
-                    out.append("  compiled (templates/opkit_reduce.h): one pass over the input, "
-                               "each result by one thread; per contiguous run:")
-                    out += ["    " + line.format(str(step.args[0]), d=str(step.result)) for line in seq]
-                continue
-            k = step
-            out += ["", f"kernel {k.name} ({plan.kind}): reads {', '.join(map(str, k.inputs)) or '-'}; "
-                    f"writes {k.describe_writes()}"]
-            out.append(f"  schedule: tile {sch.tile}, one thread below {sch.parallel_threshold} elements, "
-                       f"{target.vector_bytes}-byte vectors ({target.isa})")
-            for ct in COMPUTE.values():
-                info = vec.get(f"{k.name}_{ct.tag}")
-                if info is not None:
-                    state = (f"vectorized, {info['bytes']}-byte vectors" if info["vectorized"]
-                             else "NOT vectorized" + (f": {info['notes'][0]}" if info["notes"] else ""))
-                    out.append(f"  element loop on {ct.type}: {state} (compiler report)")
-            for dt in s.dtypes:
-                out.append(f"  {dt}: {cost(k, dt, target.vector_bytes)}")
-                out += [f"    {line}" for line in listing(k, dt)]
-        out += _slices_lines(plan)
-    out += ["", "## generated source", ""]
-    if built:
-        out.append(f"# {built.source_path}")
-        out.append(built.source_path.read_text())
-    else:
-        out.append(op.source())
-    return "\n".join(out)
-
-
-def _slices_lines(plan) -> list:
-    """How a large call runs a plan with reductions: in slices, where (runtime/schedule.py)."""
-    from .runtime.schedule import ROW_SLICE_BYTES, row_dims, row_split_bytes
-    dims = row_dims(plan)
-    if not dims:
-        return []
-    return ["", f"{plan.kind} in slices: a call whose largest input has {row_split_bytes() >> 20} MiB "
-            f"or more runs the steps above on slices of about {ROW_SLICE_BYTES >> 20} MiB of it along "
-            f"one of {', '.join(dims)} (the dims every reduction keeps; the outermost in memory), one "
-            "slice after another on every thread: each pass after the first reads what the one "
-            "before wrote from cache, not from memory"]
-
-
-def _fusion_lines(lowered) -> list:
-    """What became of every elementwise consumer of a conv2d or matmul result."""
-    from .backend import blas
-    from .lower import Fused
-    if not lowered.fusion:
-        return []
-    lib = blas()
-    out = ["", "## fusion", "",
-           f"BLAS for fused calls: {lib.describe() if lib else 'none (install SciPy); fused steps run their parts one after another'}"]
-    for plan in (lowered.forward, lowered.backward):
-        if plan is None:
-            continue
-        for step in plan.steps:
-            if isinstance(step, Fused):
-                epi = f"epilogue {step.epilogue.name}" if step.epilogue else "no epilogue"
-                out.append(f"{plan.kind} {step.name}: {step.call.prim} + {epi}"
-                           + (f" + {len(step.stats)} per-channel sums" if step.stats else "")
-                           + f", fused under {', '.join(step.layouts)}")
-        out += [f"  {plan.kind}: {note}" for note in plan.fusion]
-    return out
-
-
-def _flat_steps(plan):
-    """The plan's kernels and library calls, those inside fused steps included."""
-    from .lower import Fused
-    for step in plan.steps:
-        yield from (step.parts if isinstance(step, Fused) else (step,))
+    return report.schedules(op, shapes, args.dtype, args.layout, attrs)
 
 
 def cmd_validate(args) -> int:

@@ -13,12 +13,25 @@ import numpy as np
 Names = Tuple[str, ...]
 
 
+# a positional dim's name: this mark and its place from the right (no declared dim name has it)
+POSITIONAL = "@"
+
+
 def positional_names(ndim: int) -> Names:
-    return tuple(f"@{ndim - 1 - i}" for i in range(ndim))
+    return tuple(f"{POSITIONAL}{ndim - 1 - i}" for i in range(ndim))
+
+
+def is_positional(name: str) -> bool:
+    return name.startswith(POSITIONAL)
+
+
+def from_right(name: str) -> int:
+    """A positional dim's place from the right: 0 for the last axis."""
+    return int(name[len(POSITIONAL):])
 
 
 def describe(name: str) -> str:
-    return f"axis -{int(name[1:]) + 1}" if name.startswith("@") else f"dim {name}"
+    return f"axis -{from_right(name) + 1}" if is_positional(name) else f"dim {name}"
 
 
 def union_names(all_names: Sequence[Names]) -> Names:
@@ -29,9 +42,9 @@ def union_names(all_names: Sequence[Names]) -> Names:
             if n not in out:
                 out.append(n)
     # positional names keep NumPy's order (outermost first) even when they come from several arrays
-    pos = sorted((n for n in out if n.startswith("@")), key=lambda n: -int(n[1:]))
+    pos = sorted((n for n in out if is_positional(n)), key=lambda n: -from_right(n))
     it = iter(pos)
-    return tuple(next(it) if n.startswith("@") else n for n in out)
+    return tuple(next(it) if is_positional(n) else n for n in out)
 
 
 def dim_sizes(values: Sequence[Tuple[np.ndarray, Names]], labels: Sequence[str],

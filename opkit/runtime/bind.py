@@ -263,7 +263,7 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
     labels = [_label(n, arrays[n]) for n in arrays]
     # inputs with declared dims (shape: [...] or a 4-d layout) have exactly those sizes; the
     # layout-agnostic ones broadcast by NumPy's rules
-    exact = [not all(n.startswith("@") for n in names[i.name]) and
+    exact = [not all(named.is_positional(n) for n in names[i.name]) and
              (i.shape is not None or (i.layouts_declared and layout in LAYOUT_DIMS))
              for i in spec.inputs if i.name in arrays]
     try:
@@ -291,7 +291,7 @@ def _shapes(spec: OpSpec, arrays: Dict[str, np.ndarray], layout: str, where: str
                     continue
                 arr, nm = values[i.name]
                 for n, s in zip(nm, arr.shape):
-                    pos = n.startswith("@") or i.shape is None
+                    pos = named.is_positional(n) or i.shape is None
                     if n in like_names:
                         if s not in (1, like_arr.shape[like_names.index(n)]):
                             raise ValueError(

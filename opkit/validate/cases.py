@@ -8,6 +8,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from ..dsl import named
 from ..spec.model import LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
 from ..kinds import AttrType, Op
 
@@ -63,7 +64,7 @@ def _full_shapes(spec: OpSpec, layout: str, tile: int, threshold: int) -> List[T
                 ("threaded", {"N": 2, "C": 8, "H": 41, "W": max(threshold // 600, 5)})]
     shapes = [("0-d", ()), ("empty", (0,)), ("one", (1,)), ("odd", (37,)), ("2-d", (5, 7)),
               ("4-d", (2, 3, 4, 5)), ("tile+1", (tile + 1,)), ("threaded", (threshold + 77,))]
-    return [(label, {f"@{len(s) - 1 - i}": n for i, n in enumerate(s)}) for label, s in shapes]
+    return [(label, dict(zip(named.positional_names(len(s)), s))) for label, s in shapes]
 
 
 def _conv_shapes(spec: OpSpec) -> List[Tuple[str, Dict[str, int], Dict[str, object]]]:
