@@ -408,6 +408,9 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
                  for ct in instances},
         "clip": clip,
         "rows": rows,
+        # sums folded into its pass (the runtime passes them only to such a kernel): the float
+        # loop that adds them up (htile_f) and the entry's sum arguments
+        "sums": bool(kernel.sums),
     }
 
 
