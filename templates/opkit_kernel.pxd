@@ -59,6 +59,17 @@ cdef extern from "opkit_kernel.h" nogil:
     void opk_hlanes_store(const opk_hlanes* h, double* s)
     void opk_hlanes_add(opk_hlanes* h, const float* g)
     enum: OPK_FROWS
+    const float* opk_hin(float* e, const char* p, Py_ssize_t i, int is_float)
+    void opk_hin_last(float* t, const char* p, Py_ssize_t i, Py_ssize_t w, int is_float)
+    void opk_hout(char* d, Py_ssize_t i, const float* g, const opk_ntw* w, opk_ntw* wl)
+    void opk_hout_f(char* f, char* d, Py_ssize_t i, const float* g, const opk_ntw* w, opk_ntw* wl,
+                    int hk, opk_hacc* sa, opk_hlanes* sl)
+    void opk_hout_last(char* f, char* d, Py_ssize_t i, Py_ssize_t m, const float* u, const opk_ntw* w,
+                       opk_ntw* wl)
+    int opk_hsum_load(const opk_hsums* hs, int o, opk_hacc* sa, opk_hlanes* sl)
+    void opk_hsum_store(opk_hsums* hs, int o, int hk, const opk_hacc* sa, const opk_hlanes* sl)
+    int opk_hrow(Py_ssize_t* rows)
+    void opk_hflush(int hk, opk_hacc* sa, double* acc)
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
     void opk_f2f_block(float* d, const float* s, Py_ssize_t w)
     void opk_clamp_block(float* v, float lo, float hi, Py_ssize_t n)
