@@ -906,6 +906,22 @@ typedef struct {
  * OPK_HBLOCK elements at element i of its run, inlined whole into the loop: the writers and the
  * sums it keeps in registers over the loop are taken by address, and stay in registers. */
 
+/* the loop's copy of output o's writer, w[o] (w NULL: the run does not stream, and the copy is
+ * not used) */
+OPK_BLOCK_FN opk_ntw opk_ntw_at(const opk_ntw *w, int o)
+{
+    opk_ntw none;
+    if (w != NULL) return w[o];
+    memset(&none, 0, sizeof none);
+    return none;
+}
+
+/* ... back into w[o] after the loop */
+OPK_BLOCK_FN void opk_ntw_back(opk_ntw *w, int o, const opk_ntw *wl)
+{
+    if (w != NULL) w[o] = *wl;
+}
+
 /* an input block: the floats themselves (is_float: a float16 call's float temp), else the
  * float16 values converted into e */
 OPK_BLOCK_FN const float *opk_hin(float *e, const char *p, Py_ssize_t i, int is_float)

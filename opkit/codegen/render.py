@@ -180,8 +180,12 @@ def _hoisted(kernel: Kernel, ct: ComputeType):
 
 
 def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = False,
-               quant: Dict[str, int] = None, scalars: Sequence[int] = ()) -> List[str]:
-    """The element loop's body; inputs in `scalars` are one value per row (s<slot>)."""
+               quant: Dict[str, int] = None, scalars: Sequence[int] = (),
+               switched: bool = False) -> List[str]:
+    """The element loop's body; inputs in `scalars` are one value per row (s<slot>). `switched`:
+    the clip on store only where the loop's `clip` argument says so (the float16 loops clamp
+    whole blocks instead, and only when the call clips); a constant at every call, so the
+    compiler keeps one branch of each inlined loop."""
     lines = []
     hoisted = set(_hoisted(kernel, ct))
     once = {i.dst: i for i in hoisted}  # what the prologue computes, by register
@@ -205,16 +209,20 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             lines.append(f"{ins.dst} = {_select(ins.args[0], args[1], args[2], made, ct)}{where}")
         else:
             lines += [line + where for line in _statements(ins, args, ct, str(ins.dst), once)]
-    for i, res in enumerate(kernel.results):
-        r = _operand(res, ct)
-        if clip:
-            # gradient clipping on store: clamp to [lo, hi] (never NaN), one select each. An
-            # ordered comparison is false for NaN, so NaN stays NaN; gcc compiles each select
-            # to one max or min (tests of x != x made it a chain of a dozen ops per vector)
-            lines += [f"c{i} = (lo{i} if {r} < lo{i} else {r})", f"q{i}[j] = (hi{i} if c{i} > hi{i} else c{i})"]
-        else:
-            lines.append(f"q{i}[j] = {r}")
-    return lines
+    results = [_operand(res, ct) for res in kernel.results]
+    plain = [f"q{i}[j] = {r}" for i, r in enumerate(results)]
+    if not clip:
+        return lines + plain
+    # gradient clipping on store: clamp to [lo, hi] (never NaN), one select each. An ordered
+    # comparison is false for NaN, so NaN stays NaN; gcc compiles each select to one max or min
+    # (tests of x != x made it a chain of a dozen ops per vector)
+    clipped = [line for i, r in enumerate(results)
+               for line in (f"c{i} = (lo{i} if {r} < lo{i} else {r})",
+                            f"q{i}[j] = (hi{i} if c{i} > hi{i} else c{i})")]
+    if not switched:
+        return lines + clipped
+    return lines + ["if clip:"] + ["    " + line for line in clipped] + ["else:"] + \
+        ["    " + line for line in plain]
 
 
 # ------------------------------------------------------------------------------ the context
@@ -271,8 +279,8 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
             "fields": [(ctype, f"a_{name}") for ctype, name, _ in fields]
             + [("bint" if _kind(hoisted, r) == "bool" else ct.type, f"s_{r}") for r in crossing],
             "locals": [f"cdef {ctype} a_{name} = ctx.a_{name}" for ctype, name, _ in fields]
-            + [f"cdef {ct.type} {b}{i} = ctx.{b}[{i}]" for i in range(len(kernel.outputs))
-               for b in ("lo", "hi") if clip],
+            + [f"cdef {ct.type} lo{i} = ctx.lo[{i}], hi{i} = ctx.hi[{i}]"
+               for i in range(len(kernel.outputs)) if clip],
             "loads": [f"{r} = ctx.s_{r}" for r in crossing]}
 
 
@@ -369,6 +377,18 @@ def _row_variants(kernel: Kernel, spec: OpSpec, instances, file_name: str, clip:
     return variants
 
 
+def _listings(kernel: Kernel, dtypes: Sequence[str], target: Target, quant) -> List[Dict]:
+    """Per dtype its cost and listing; `same`: an earlier dtype whose listing it is (float64's
+    is often float32's), written once."""
+    out: List[Dict] = []
+    for dt in dtypes:
+        lines = listing(kernel, dt, quant)
+        same = next((o["name"] for o in out if o["listing"] == lines), None)
+        out.append({"name": dt, "cost": str(cost(kernel, dt, target.vector_bytes)),
+                    "listing": lines, "same": same})
+    return out
+
+
 def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, file_name: str,
                    target: Target, clip: bool = False) -> Dict:
     quant = quantized(spec)
@@ -387,8 +407,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
         "writes": [str(v) for v in kernel.outputs],
         "schedule": _schedule_text(schedule, target),
         "loop": loop_text(kernel, instances, target),
-        "dtypes": [{"name": dt, "cost": str(cost(kernel, dt, target.vector_bytes)),
-                    "listing": listing(kernel, dt, quant)} for dt in dtypes],
+        "dtypes": _listings(kernel, dtypes, target, quant),
         "instances": instances,
         "attrs": _decls(spec, kernel.attrs),
         "n_in": len(kernel.inputs),
@@ -400,10 +419,10 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
         "max_threads": schedule.max_threads or 0,
         "float_vars": floats,
         "bool_vars": [str(i.dst) for i in kernel.body if i.kind == "bool"],
-        "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
+        # (the float compute's loop, which the float16 loops call too, clips where told to)
+        "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant,
+                                    switched=clip and ct.tag == "f")
                  for ct in instances},
-        # the float16 loops' element loop (float compute) without the clip: they clamp blocks
-        "body_free": body_lines(kernel, COMPUTE["float32"], file_name, False, quant) if clip else [],
         "init": {ct.tag: init_context(kernel, spec, ct, quant, clip and not ct.integer)
                  for ct in instances},
         "clip": clip,
@@ -501,14 +520,16 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
     found = _direct_kernel(lowered.forward)
     if found is not None:
         k, written = found
-        inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
+        # the inputs out= may be (bit i: input i itself), where the op computes in place
+        inplace = sum(1 << ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else 0
         directs.append(dict(
             common, fn=named("fast_forward"), kernel=next(c for c in kernels if c["name"] == k.name),
-            n_inputs=len(ins), n_outputs=len(outs), takes_out=True, inplace=repr(inplace),
+            # out=: the one output's array (an op with more outputs takes none)
+            n_inputs=len(ins), n_outputs=len(outs), takes_out=len(outs) == 1, inplace=inplace,
             grad_out=None,
             kernel_inputs=[ins.index(v.name) for v in k.inputs],
             kernel_outputs=[outs.index(v) for v in written], kernel_attrs=list(k.attrs),
-            returns="outputs[0]" if len(outs) == 1 else "outputs"))
+            returns="outputs"))
     found = _direct_kernel(lowered.backward)
     grads = [f"d{i.name}" for i in spec.inputs if i.differentiable]
     if found is not None and len(outs) == 1 and sorted(found[1]) == sorted(grads):
@@ -516,11 +537,13 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
         # backward(dy, *inputs): one gradient per input, None where it takes none
         args = [f"d{outs[0]}"] + ins
         per_input = [f"outputs[{grads.index('d' + i)}]" if "d" + i in grads else "None" for i in ins]
+        grad_out = [grads.index("d" + i) if "d" + i in grads else None for i in ins]
         directs.append(dict(
             common, fn=named("fast_backward"), kernel=next(c for c in kernels if c["name"] == k.name),
-            n_inputs=len(args), n_outputs=len(grads), takes_out=False, inplace="()",
-            # out=: per input, the gradient its entry receives (None: it must be None)
-            grad_out=[grads.index("d" + i) if "d" + i in grads else None for i in ins],
+            n_inputs=len(args), n_outputs=len(grads), takes_out=False, inplace=0,
+            # out=: per input, the gradient its entry receives (None: it must be None); the
+            # gradients follow the inputs' order, so the inputs that take one say which
+            grad_out=grad_out, grad_mask=sum(1 << j for j, g in enumerate(grad_out) if g is not None),
             kernel_inputs=[args.index(v.name) for v in k.inputs],
             kernel_outputs=[grads.index(v) for v in written], kernel_attrs=list(k.attrs),
             returns="(" + ", ".join(per_input) + ",)"))
@@ -579,8 +602,17 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         directs=directs, defines=header_defines(), fused=fused, reduces=reduces,
-        math_functions=[declaration(f) for f in MATH_FUNCTIONS],
+        math_functions=[declaration(f) for f in _math_functions(kernels)],
         blas=_printable(lib.describe()) if lib is not None else "")
+
+
+def _math_functions(kernels: Sequence[Dict]) -> List[str]:
+    """The opkit_math.h functions the kernels' code calls (the module declares only those)."""
+    lines = [line for k in kernels for c in k["instances"]
+             for line in [*k["body"][c.tag], *k["init"][c.tag]["lines"],
+                          *(line for v in k["rows"].values() for line in v["body"][c.tag])]]
+    called = set(re.findall(r"\b(opk_\w+)\(", "\n".join(lines)))
+    return [f for f in MATH_FUNCTIONS if f in called]
 
 
 def header_defines() -> List[str]:
