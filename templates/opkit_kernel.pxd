@@ -35,6 +35,7 @@ cdef extern from "opkit_kernel.h" nogil:
     ctypedef int (*opk_rows_fn)(Py_ssize_t, Py_ssize_t, char* const*, const Py_ssize_t*, int, const void*) noexcept nogil
     enum: OPK_MAXACC
     enum: OPK_HBLOCK
+    ctypedef float opk_hblock[OPK_HBLOCK]  # a block of a float16 loop's operand, as floats
     ctypedef struct opk_kernel:
         opk_tile_fn tile
         opk_rows_fn rows
@@ -65,7 +66,8 @@ cdef extern from "opkit_kernel.h" nogil:
     enum: OPK_FROWS
     opk_ntw opk_ntw_at(const opk_ntw* w, int o)
     void opk_ntw_back(opk_ntw* w, int o, const opk_ntw* wl)
-    const float* opk_hin(float* e, const char* p, Py_ssize_t i, int is_float)
+    void opk_hconv(float* e, const char* p, Py_ssize_t i, int is_float)
+    const float* opk_hin(const float* e, const char* p, Py_ssize_t i, int is_float)
     void opk_hin_last(float* t, const char* p, Py_ssize_t i, Py_ssize_t w, int is_float)
     void opk_hout(char* d, Py_ssize_t i, const float* g, const opk_ntw* w, opk_ntw* wl)
     void opk_hout_f(char* f, char* d, Py_ssize_t i, const float* g, const opk_ntw* w, opk_ntw* wl,
@@ -73,7 +75,8 @@ cdef extern from "opkit_kernel.h" nogil:
     void opk_hout_last(char* f, char* d, Py_ssize_t i, Py_ssize_t m, const float* u, const opk_ntw* w,
                        opk_ntw* wl)
     int opk_hsum_load(const opk_hsums* hs, int o, opk_hacc* sa, opk_hlanes* sl)
-    void opk_hsum_store(opk_hsums* hs, int o, int hk, const opk_hacc* sa, const opk_hlanes* sl)
+    void opk_hsum_store(opk_hsums* hs, int o, int hk, const opk_hacc* sa, const opk_hlanes* sl,
+                        Py_ssize_t rows)
     int opk_hrow(Py_ssize_t* rows)
     void opk_hflush(int hk, opk_hacc* sa, double* acc)
     void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
@@ -199,6 +202,28 @@ cdef inline bint opk_plain_like(tuple args, Py_ssize_t n):
         if not opk_like(args[i], <cnp.ndarray>args[0]):
             return False
     return True
+
+
+cdef inline int opk_dcode(cnp.ndarray a, int codes):
+    """The dtype code (OPK_F16 ...) of a's dtype where bit <code> of `codes` (the operator's
+    dtypes) is set, else -1. (bfloat16 has no NumPy type number of its own: it is given out
+    when ml_dtypes loads, and those calls take the checked path.)"""
+    cdef int t = cnp.PyArray_TYPE(a), c = -1
+    if t == cnp.NPY_FLOAT16:
+        c = OPK_F16
+    elif t == cnp.NPY_FLOAT32:
+        c = OPK_F32
+    elif t == cnp.NPY_FLOAT64:
+        c = OPK_F64
+    elif t == cnp.NPY_INT8:
+        c = OPK_I8
+    elif t == cnp.NPY_INT16:
+        c = OPK_I16
+    elif t == cnp.NPY_INT32:
+        c = OPK_I32
+    elif t == cnp.NPY_INT64:
+        c = OPK_I64
+    return c if c >= 0 and (codes >> c) & 1 else -1
 
 
 cdef inline object opk_arg(tuple args, Py_ssize_t pos, dict kwargs, str name, object default,

@@ -14,8 +14,6 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from .._paths import templates_dir
 from .._version import __version__
 from ..dsl.graph import OpGraphs
@@ -511,10 +509,9 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
     ins, outs = list(spec.input_names), list(spec.output_names)
     common = {
         "attrs": _direct_attrs(spec),
-        # NumPy's type number -> dtype code (NumPy's C ABI: its version is in the cache key)
-        # (bfloat16's type number is given out when ml_dtypes loads: those calls take the
-        # checked path)
-        "codes": [(np.dtype(dt).num, DTYPE_CODES[dt]) for dt in spec.dtypes if dt != "bfloat16"],
+        # the dtype codes of the dtypes it takes (bit <code>; opk_dcode maps NumPy's, and
+        # bfloat16's calls take the checked path)
+        "codes": sum(1 << DTYPE_CODES[dt] for dt in spec.dtypes if dt != "bfloat16"),
     }
     directs = []
     found = _direct_kernel(lowered.forward)
