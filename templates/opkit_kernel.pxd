@@ -94,18 +94,18 @@ cdef extern from "opkit_kernel.h" nogil:
                      const opk_kernel* k, int available, Py_ssize_t threshold, int max_threads)
 
 
-cdef inline opk_kernel opk_make(opk_tile_fn tile, opk_rows_fn rows, const void* ctx, int nin, int nops, int ccode,
-                                Py_ssize_t tile_len, bint stream, opk_htile_fn htile,
-                                opk_htile_fn htile_f) noexcept nogil:
-    """A kernel instance's call (a generated <kernel>_init makes it); its float16 loops (htile,
-    htile_f: NULL, none) run where the CPU converts float16 (OPK_F16_HW)."""
-    cdef opk_kernel k
+cdef inline int opk_make(opk_kernel* k, opk_tile_fn tile, opk_rows_fn rows, const void* ctx, int nin,
+                         int nops, int ccode, Py_ssize_t tile_len, bint stream, opk_htile_fn htile,
+                         opk_htile_fn htile_f) noexcept nogil:
+    """A kernel instance's call, into k (a generated <kernel>_init makes it, and returns the 0
+    this returns); its float16 loops (htile, htile_f: NULL, none) run where the CPU converts
+    float16 (OPK_F16_HW)."""
     k.tile, k.rows, k.ctx = tile, rows, ctx
     k.nin, k.nops, k.ccode, k.tile_len, k.stream = nin, nops, ccode, tile_len, stream
     k.nacc, k.acc_fblock, k.htile, k.htile_f, k.discard = 0, 0, NULL, NULL, 0
     if OPK_F16_HW:
         k.htile, k.htile_f = htile, htile_f
-    return k
+    return 0
 
 
 cdef inline int opk_fits(int failed, str kernel, str ctype) except -1:

@@ -178,12 +178,8 @@ def _hoisted(kernel: Kernel, ct: ComputeType):
 
 
 def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = False,
-               quant: Dict[str, int] = None, scalars: Sequence[int] = (),
-               switched: bool = False) -> List[str]:
-    """The element loop's body; inputs in `scalars` are one value per row (s<slot>). `switched`:
-    the clip on store only where the loop's `clip` argument says so (the float16 loops clamp
-    whole blocks instead, and only when the call clips); a constant at every call, so the
-    compiler keeps one branch of each inlined loop."""
+               quant: Dict[str, int] = None, scalars: Sequence[int] = ()) -> List[str]:
+    """The element loop's body; inputs in `scalars` are one value per row (s<slot>)."""
     lines = []
     hoisted = set(_hoisted(kernel, ct))
     once = {i.dst: i for i in hoisted}  # what the prologue computes, by register
@@ -207,20 +203,16 @@ def body_lines(kernel: Kernel, ct: ComputeType, file_name: str, clip: bool = Fal
             lines.append(f"{ins.dst} = {_select(ins.args[0], args[1], args[2], made, ct)}{where}")
         else:
             lines += [line + where for line in _statements(ins, args, ct, str(ins.dst), once)]
-    results = [_operand(res, ct) for res in kernel.results]
-    plain = [f"q{i}[j] = {r}" for i, r in enumerate(results)]
-    if not clip:
-        return lines + plain
-    # gradient clipping on store: clamp to [lo, hi] (never NaN), one select each. An ordered
-    # comparison is false for NaN, so NaN stays NaN; gcc compiles each select to one max or min
-    # (tests of x != x made it a chain of a dozen ops per vector)
-    clipped = [line for i, r in enumerate(results)
-               for line in (f"c{i} = (lo{i} if {r} < lo{i} else {r})",
-                            f"q{i}[j] = (hi{i} if c{i} > hi{i} else c{i})")]
-    if not switched:
-        return lines + clipped
-    return lines + ["if clip:"] + ["    " + line for line in clipped] + ["else:"] + \
-        ["    " + line for line in plain]
+    for i, res in enumerate(kernel.results):
+        r = _operand(res, ct)
+        if clip:
+            # gradient clipping on store: clamp to [lo, hi] (never NaN), one select each. An
+            # ordered comparison is false for NaN, so NaN stays NaN; gcc compiles each select
+            # to one max or min (tests of x != x made it a chain of a dozen ops per vector)
+            lines += [f"c{i} = (lo{i} if {r} < lo{i} else {r})", f"q{i}[j] = (hi{i} if c{i} > hi{i} else c{i})"]
+        else:
+            lines.append(f"q{i}[j] = {r}")
+    return lines
 
 
 # ------------------------------------------------------------------------------ the context
@@ -417,10 +409,10 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
         "max_threads": schedule.max_threads or 0,
         "float_vars": floats,
         "bool_vars": [str(i.dst) for i in kernel.body if i.kind == "bool"],
-        # (the float compute's loop, which the float16 loops call too, clips where told to)
-        "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant,
-                                    switched=clip and ct.tag == "f")
+        "body": {ct.tag: body_lines(kernel, ct, file_name, clip and not ct.integer, quant)
                  for ct in instances},
+        # the float16 loops' element loop (float compute) without the clip: they clamp blocks
+        "body_free": body_lines(kernel, COMPUTE["float32"], file_name, False, quant) if clip else [],
         "init": {ct.tag: init_context(kernel, spec, ct, quant, clip and not ct.integer)
                  for ct in instances},
         "clip": clip,
@@ -608,6 +600,7 @@ def _math_functions(kernels: Sequence[Dict]) -> List[str]:
     lines = [line for k in kernels for c in k["instances"]
              for line in [*k["body"][c.tag], *k["init"][c.tag]["lines"],
                           *(line for v in k["rows"].values() for line in v["body"][c.tag])]]
+    lines += [line for k in kernels for line in k["body_free"]]
     called = set(re.findall(r"\b(opk_\w+)\(", "\n".join(lines)))
     return [f for f in MATH_FUNCTIONS if f in called]
 
