@@ -133,8 +133,8 @@ def c_defines(extra: Dict[str, int]) -> List[str]:
     lines = [f"#define {s.c_name} {s.code}" for s in STORAGE]
     wide = [CODE_NAMES[d] for d, ct in COMPUTE.items() if ct.size == 8]
     lines.append("#define OPK_CSIZE(c) (" + " || ".join(f"(c) == {n}" for n in wide) + " ? 8 : 4)")
-    lines += [f"#define OPK_G_{f.upper()} {i}" for i, f in enumerate(GEOMETRY_HEAD)]
-    lines.append(f"#define OPK_G_SHAPE {len(GEOMETRY_HEAD)}")
+    fields = [f"OPK_G_{f.upper()}" for f in GEOMETRY_HEAD] + ["OPK_G_SHAPE"]
+    lines.append(f"enum {{ {', '.join(fields)} }};")
     lines.append(f"#define OPK_F32_OVERFLOW {FLOAT32_OVERFLOW.hex()}")
     lines.append(f"#define OPK_F32_VANISH {FLOAT32_VANISH.hex()}")
     lines += [f"#define {name} {value}" for name, value in extra.items()]

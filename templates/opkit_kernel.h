@@ -43,7 +43,7 @@ typedef const int64_t *__restrict opk_clp;
  * fields OPK_G_*, the float32 bounds) and the lowering's limits (OPK_MAXOPS ...) come from opkit
  * itself: the generated module and the runtime's source define them (opkit/abi.py: c_defines)
  * before this header. */
-#if !defined(OPK_F16) || !defined(OPK_CSIZE) || !defined(OPK_G_SHAPE) || !defined(OPK_F32_OVERFLOW) || \
+#if !defined(OPK_F16) || !defined(OPK_CSIZE) || !defined(OPK_F32_OVERFLOW) || \
     !defined(OPK_MAXOPS) || !defined(OPK_MAXACC) || !defined(OPK_ACC_CHUNK) || !defined(OPK_LANE_BYTES)
 #error "opkit_kernel.h is included by opkit's generated modules and its runtime source, which define the dtype codes"
 #endif
@@ -169,6 +169,7 @@ static inline void opk_f2h_contig(uint16_t *dst, const float *src, Py_ssize_t n)
  * whole, and gcc then leaves a loop with branches scalar; blocks of 128 and more measured
  * slower than 64.) Whole blocks convert with a fixed count: no tail tests, no calls. */
 #define OPK_HBLOCK 64
+typedef float opk_hblock[OPK_HBLOCK];
 
 static inline void opk_h2f_full(float *d, const uint16_t *s) { opk_h2f_contig(d, s, OPK_HBLOCK); }
 
@@ -900,6 +901,114 @@ typedef struct {
     float f[OPK_FCOLS];   /* the block's float32 sums, column by column */
     Py_ssize_t rows;      /* whole rows in it */
 } opk_cols;
+
+/* What a float16 loop (htile, htile_f: templates/module.pyx.j2) does per operand and block of
+ * OPK_HBLOCK elements at element i of its run, inlined whole into the loop: the writers and the
+ * sums it keeps in registers over the loop are taken by address, and stay in registers. */
+
+/* the loop's copy of output o's writer, w[o] (w NULL: the run does not stream, and the copy is
+ * not used) */
+OPK_BLOCK_FN opk_ntw opk_ntw_at(const opk_ntw *w, int o)
+{
+    opk_ntw none;
+    if (w != NULL) return w[o];
+    memset(&none, 0, sizeof none);
+    return none;
+}
+
+/* ... back into w[o] after the loop */
+OPK_BLOCK_FN void opk_ntw_back(opk_ntw *w, int o, const opk_ntw *wl)
+{
+    if (w != NULL) w[o] = *wl;
+}
+
+/* an input block as floats: the float16 values converted into e, unless they are floats
+ * already (is_float: a float16 call's float temp). The loops convert their inputs in order,
+ * each a statement of its own: as arguments of the element loop's call, gcc converted them last
+ * to first, and float16 LeakyReLU's backward at 64K elements took 1.05 times as long. */
+OPK_BLOCK_FN void opk_hconv(float *e, const char *p, Py_ssize_t i, int is_float)
+{
+    if (!is_float) opk_h2f_full(e, (const uint16_t *)p + i);
+}
+
+/* ... and where the element loop reads it: e, or the floats themselves */
+OPK_BLOCK_FN const float *opk_hin(const float *e, const char *p, Py_ssize_t i, int is_float)
+{
+    return is_float ? (const float *)p + i : e;
+}
+
+/* the run's last, partial block of an input: its w elements into t, then zeros */
+OPK_BLOCK_FN void opk_hin_last(float *t, const char *p, Py_ssize_t i, Py_ssize_t w, int is_float)
+{
+    if (is_float) opk_f2f_block(t, (const float *)p + i, w);
+    else opk_h2f_block(t, (const uint16_t *)p + i, w);
+}
+
+/* a block of results g rounded into float16 d: stored, or streamed through the writer wl (the
+ * loop's copy of w[o]) when the run streams (w != NULL) */
+OPK_BLOCK_FN void opk_hout(char *d, Py_ssize_t i, const float *g, const opk_ntw *w, opk_ntw *wl)
+{
+    if (w == NULL) opk_f2h_full((uint16_t *)d + i, g);
+    else opk_ntw_put(wl, g);
+}
+
+/* htile_f: a block of results g copied into the float tile f a sum reads and rounded into d
+ * (each where not NULL), and added into its sums in registers (hk: opk_hsum_load) */
+OPK_BLOCK_FN void opk_hout_f(char *f, char *d, Py_ssize_t i, const float *g, const opk_ntw *w,
+                             opk_ntw *wl, int hk, opk_hacc *sa, opk_hlanes *sl)
+{
+    if (f != NULL) memcpy((float *)f + i, g, OPK_HBLOCK * sizeof(float));
+    if (d != NULL) opk_hout(d, i, g, w, wl);
+    if (hk == 1) opk_hacc_add(sa, g);
+    else if (hk == 2) opk_hlanes_add(sl, g);
+}
+
+/* the run's last, partial block of results (m of u): the writer's last line first (the block is
+ * stored as it is after it), then copied into f and rounded into d, each where not NULL */
+OPK_BLOCK_FN void opk_hout_last(char *f, char *d, Py_ssize_t i, Py_ssize_t m, const float *u,
+                                const opk_ntw *w, opk_ntw *wl)
+{
+    if (w != NULL) opk_ntw_end(wl);
+    if (f != NULL) memcpy((float *)f + i, u, (size_t)m * sizeof(float));
+    if (d != NULL) opk_f2h_contig((uint16_t *)d + i, u, m);
+}
+
+/* htile_f: how output o's blocks are added up in registers, from hs (NULL: not at all): 1 into
+ * its column sums (sa, loaded), 2 into its lanes sum (sl, loaded), 0 not */
+OPK_BLOCK_FN int opk_hsum_load(const opk_hsums *hs, int o, opk_hacc *sa, opk_hlanes *sl)
+{
+    if (hs == NULL) return 0;
+    if (hs->f[o] != NULL) {
+        opk_hacc_load(sa, hs->f[o]);
+        return 1;
+    }
+    if (hs->ls[o] == NULL) return 0;
+    opk_hlanes_load(sl, hs->ls[o]);
+    return 2;
+}
+
+/* ... and stored back into hs after the loop, with the rows of the column sums' block */
+OPK_BLOCK_FN void opk_hsum_store(opk_hsums *hs, int o, int hk, const opk_hacc *sa, const opk_hlanes *sl,
+                                 Py_ssize_t rows)
+{
+    if (hs != NULL) hs->rows = rows;
+    if (hk == 1) opk_hacc_store(sa, hs->f[o]);
+    else if (hk == 2) opk_hlanes_store(sl, hs->ls[o]);
+}
+
+/* a row (block) more into the column sums: 1, and the count restarted, at OPK_FROWS rows, when
+ * each output's column sums are flushed (opk_hflush) */
+OPK_BLOCK_FN int opk_hrow(Py_ssize_t *rows)
+{
+    if (++*rows < OPK_FROWS) return 0;
+    *rows = 0;
+    return 1;
+}
+
+OPK_BLOCK_FN void opk_hflush(int hk, opk_hacc *sa, double *acc)
+{
+    if (hk == 1) opk_hacc_flush(sa, acc);
+}
 
 /* The runtime: the walk over a geometry and everything it calls. It takes the kernel's tile
  * functions through opk_kernel and no module's code, so it is compiled once per toolchain, with

@@ -14,8 +14,6 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, cast
 
-import numpy as np
-
 from .._paths import templates_dir
 from ..abi import COMPUTE, DTYPE_CODES, ComputeType, ConvProblem, c_defines
 from .._version import __version__
@@ -243,8 +241,8 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
             "fields": [(ctype, f"a_{name}") for ctype, name, _ in fields]
             + [("bint" if _kind(hoisted, r) == ValueKind.BOOL else ct.type, f"s_{r}") for r in crossing],
             "locals": [f"cdef {ctype} a_{name} = ctx.a_{name}" for ctype, name, _ in fields]
-            + [f"cdef {ct.type} {b}{i} = ctx.{b}[{i}]" for i in range(len(kernel.outputs))
-               for b in ("lo", "hi") if clip],
+            + [f"cdef {ct.type} lo{i} = ctx.lo[{i}], hi{i} = ctx.hi[{i}]"
+               for i in range(len(kernel.outputs)) if clip],
             "loads": [f"{r} = ctx.s_{r}" for r in crossing]}
 
 
@@ -341,6 +339,18 @@ def _row_variants(kernel: Kernel, spec: OpSpec, instances, file_name: str, clip:
     return variants
 
 
+def _listings(kernel: Kernel, dtypes: Sequence[str], target: Target, quant) -> List[Dict]:
+    """Per dtype its cost and listing; `same`: an earlier dtype whose listing it is (float64's
+    is often float32's), written once."""
+    out: List[Dict] = []
+    for dt in dtypes:
+        lines = listing(kernel, dt, quant)
+        same = next((o["name"] for o in out if o["listing"] == lines), None)
+        out.append({"name": dt, "cost": str(cost(kernel, dt, target.vector_bytes)),
+                    "listing": lines, "same": same})
+    return out
+
+
 def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, file_name: str,
                    target: Target, pass_: Pass, clip: bool = False) -> Dict:
     quant = quantized(spec)
@@ -359,8 +369,7 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
         "writes": [str(v) for v in kernel.outputs],
         "schedule": _schedule_text(schedule, target),
         "loop": loop_text(kernel, instances, target),
-        "dtypes": [{"name": dt, "cost": str(cost(kernel, dt, target.vector_bytes)),
-                    "listing": listing(kernel, dt, quant)} for dt in dtypes],
+        "dtypes": _listings(kernel, dtypes, target, quant),
         "instances": instances,
         "attrs": _decls(spec, kernel.attrs),
         "n_in": len(kernel.inputs),
@@ -380,6 +389,9 @@ def kernel_context(kernel: Kernel, role: str, spec: OpSpec, schedule: Schedule, 
                  for ct in instances},
         "clip": clip,
         "rows": rows,
+        # sums folded into its pass (the runtime passes them only to such a kernel): the float
+        # loop that adds them up (htile_f) and the entry's sum arguments
+        "sums": bool(kernel.sums),
     }
 
 
@@ -461,23 +473,24 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
     ins, outs = list(spec.input_names), list(spec.output_names)
     common = {
         "attrs": _direct_attrs(spec),
-        # NumPy's type number -> dtype code (NumPy's C ABI: its version is in the cache key)
-        # (bfloat16's type number is given out when ml_dtypes loads: those calls take the
-        # checked path)
-        "codes": [(np.dtype(dt).num, DTYPE_CODES[dt]) for dt in spec.dtypes if dt != "bfloat16"],
+        # the dtype codes of the dtypes it takes (bit <code>; opk_dcode maps NumPy's, and
+        # bfloat16's calls take the checked path)
+        "codes": sum(1 << DTYPE_CODES[dt] for dt in spec.dtypes if dt != "bfloat16"),
     }
     directs = []
     found = _direct_kernel(lowered.forward)
     if found is not None:
         k, written = found
-        inplace = tuple(ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else ()
+        # the inputs out= may be (bit i: input i itself), where the op computes in place
+        inplace = sum(1 << ins.index(i) for o, i in spec.schedule.inplace) if len(outs) == 1 else 0
         directs.append(dict(
             common, fn=named("fast_forward"), kernel=next(c for c in kernels if c["name"] == k.name),
-            n_inputs=len(ins), n_outputs=len(outs), takes_out=True, inplace=repr(inplace),
+            # out=: the one output's array (an op with more outputs takes none)
+            n_inputs=len(ins), n_outputs=len(outs), takes_out=len(outs) == 1, inplace=inplace,
             grad_out=None,
             kernel_inputs=[ins.index(v.name) for v in k.inputs],
             kernel_outputs=[outs.index(v) for v in written], kernel_attrs=list(k.attrs),
-            returns="outputs[0]" if len(outs) == 1 else "outputs"))
+            returns="outputs"))
     found = _direct_kernel(lowered.backward)
     grads = [f"d{i.name}" for i in spec.inputs if i.differentiable]
     if found is not None and len(outs) == 1 and sorted(found[1]) == sorted(grads):
@@ -485,11 +498,13 @@ def fast_contexts(spec: OpSpec, lowered: Lowered, kernels: Sequence[Dict],
         # backward(dy, *inputs): one gradient per input, None where it takes none
         args = [f"d{outs[0]}"] + ins
         per_input = [f"outputs[{grads.index('d' + i)}]" if "d" + i in grads else "None" for i in ins]
+        grad_out = [grads.index("d" + i) if "d" + i in grads else None for i in ins]
         directs.append(dict(
             common, fn=named("fast_backward"), kernel=next(c for c in kernels if c["name"] == k.name),
-            n_inputs=len(args), n_outputs=len(grads), takes_out=False, inplace="()",
-            # out=: per input, the gradient its entry receives (None: it must be None)
-            grad_out=[grads.index("d" + i) if "d" + i in grads else None for i in ins],
+            n_inputs=len(args), n_outputs=len(grads), takes_out=False, inplace=0,
+            # out=: per input, the gradient its entry receives (None: it must be None); the
+            # gradients follow the inputs' order, so the inputs that take one say which
+            grad_out=grad_out, grad_mask=sum(1 << j for j, g in enumerate(grad_out) if g is not None),
             kernel_inputs=[args.index(v.name) for v in k.inputs],
             kernel_outputs=[grads.index(v) for v in written], kernel_attrs=list(k.attrs),
             returns="(" + ", ".join(per_input) + ",)"))
@@ -548,9 +563,19 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     return _environment().get_template("module.pyx.j2").render(
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         directs=directs, defines=header_defines(), fused=fused, reduces=reduces,
-        conv_fields=", ".join(f"cv.{f}" for f in ConvProblem._fields),
-        math_functions=[declaration(f) for f in MATH_FUNCTIONS], libm=LIBM,
+        conv_fields=", ".join(f"cv.{f}" for f in ConvProblem._fields), libm=LIBM,
+        math_functions=[declaration(f) for f in _math_functions(kernels)],
         blas=_printable(lib.describe()) if lib is not None else "")
+
+
+def _math_functions(kernels: Sequence[Dict]) -> List[str]:
+    """The opkit_math.h functions the kernels' code calls (the module declares only those)."""
+    lines = [line for k in kernels for c in k["instances"]
+             for line in [*k["body"][c.tag], *k["init"][c.tag]["lines"],
+                          *(line for v in k["rows"].values() for line in v["body"][c.tag])]]
+    lines += [line for k in kernels for line in k["body_free"]]
+    called = set(re.findall(r"\b(opk_\w+)\(", "\n".join(lines)))
+    return [f for f in MATH_FUNCTIONS if f in called]
 
 
 def header_defines() -> List[str]:
