@@ -573,7 +573,8 @@ def test_the_kernel_abi_is_written_once_in_python():
         assert all(abi.compute_dtype(s) == dt for s in ct.serves)
         assert ct.size == np.dtype(dt).itemsize
     assert sorted(s for ct in abi.COMPUTE.values() for s in ct.serves) == sorted(abi.DTYPE_CODES)
-    assert float(np.float32(abi.FLOAT32_OVERFLOW)) == np.inf
+    with np.errstate(over="ignore"):   # (the bound is where float32 rounds to infinity)
+        assert float(np.float32(abi.FLOAT32_OVERFLOW)) == np.inf
     assert float(np.float32(np.nextafter(abi.FLOAT32_OVERFLOW, 0))) < np.inf
     assert np.float32(abi.FLOAT32_VANISH) == 0 and np.float32(np.nextafter(abi.FLOAT32_VANISH, 1)) > 0
 
