@@ -127,6 +127,19 @@ FLOAT32_OVERFLOW = float.fromhex("0x1.ffffffp+127")
 FLOAT32_VANISH = 2.0 ** -150
 
 
+def _numpy_numbers() -> List[Tuple[int, str]]:
+    """(NumPy's type number, C name) of each storage dtype NumPy has a type of its own for
+    (bfloat16's number is given out when ml_dtypes loads: its calls take the checked path)."""
+    import numpy as np
+    out: List[Tuple[int, str]] = []
+    for s in STORAGE:
+        try:
+            out.append((int(np.dtype(s.name).num), s.c_name))
+        except TypeError:
+            continue
+    return out
+
+
 def c_defines(extra: Dict[str, int]) -> List[str]:
     """The ABI as C: #define lines for the dtype codes, the compute size of a code, the
     geometry array's fields and the float32 bounds, then `extra` (limits of the lowering)."""
@@ -135,6 +148,9 @@ def c_defines(extra: Dict[str, int]) -> List[str]:
     lines.append("#define OPK_CSIZE(c) (" + " || ".join(f"(c) == {n}" for n in wide) + " ? 8 : 4)")
     fields = [f"OPK_G_{f.upper()}" for f in GEOMETRY_HEAD] + ["OPK_G_SHAPE"]
     lines.append(f"enum {{ {', '.join(fields)} }};")
+    # a NumPy type number's dtype code, -1 for another (the direct calls' dtype dispatch)
+    lines.append("#define OPK_DCODE_OF(t) (" + "".join(
+        f"(t) == {num} ? {name} : " for num, name in _numpy_numbers()) + "-1)")
     lines.append(f"#define OPK_F32_OVERFLOW {FLOAT32_OVERFLOW.hex()}")
     lines.append(f"#define OPK_F32_VANISH {FLOAT32_VANISH.hex()}")
     lines += [f"#define {name} {value}" for name, value in extra.items()]

@@ -8,6 +8,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 
 cdef extern from "opkit_kernel.h" nogil:
+    int OPK_DCODE_OF(int t)   # (defined by the module: opkit/abi.py's c_defines)
     ctypedef float* opk_fp
     ctypedef const float* opk_cfp
     ctypedef double* opk_dp
@@ -204,23 +205,8 @@ cdef inline bint opk_plain_like(tuple args, Py_ssize_t n):
 
 cdef inline int opk_dcode(cnp.ndarray a, int codes):
     """The dtype code (OPK_F16 ...) of a's dtype where bit <code> of `codes` (the operator's
-    dtypes) is set, else -1. (bfloat16 has no NumPy type number of its own: it is given out
-    when ml_dtypes loads, and those calls take the checked path.)"""
-    cdef int t = cnp.PyArray_TYPE(a), c = -1
-    if t == cnp.NPY_FLOAT16:
-        c = OPK_F16
-    elif t == cnp.NPY_FLOAT32:
-        c = OPK_F32
-    elif t == cnp.NPY_FLOAT64:
-        c = OPK_F64
-    elif t == cnp.NPY_INT8:
-        c = OPK_I8
-    elif t == cnp.NPY_INT16:
-        c = OPK_I16
-    elif t == cnp.NPY_INT32:
-        c = OPK_I32
-    elif t == cnp.NPY_INT64:
-        c = OPK_I64
+    dtypes) is set, else -1 (OPK_DCODE_OF: opkit/abi.py)."""
+    cdef int c = OPK_DCODE_OF(cnp.PyArray_TYPE(a))
     return c if c >= 0 and (codes >> c) & 1 else -1
 
 
