@@ -128,15 +128,18 @@ FLOAT32_VANISH = 2.0 ** -150
 
 
 def _numpy_numbers() -> List[Tuple[int, str]]:
-    """(NumPy's type number, C name) of each storage dtype NumPy has a type of its own for
-    (bfloat16's number is given out when ml_dtypes loads: its calls take the checked path)."""
+    """(NumPy's type number, C name) of each storage dtype that is one of NumPy's own types,
+    whose numbers are fixed. bfloat16 is not: ml_dtypes, where it is loaded, is given a number
+    then (the source must not depend on it), and its calls take the checked path."""
     import numpy as np
     out: List[Tuple[int, str]] = []
     for s in STORAGE:
         try:
-            out.append((int(np.dtype(s.name).num), s.c_name))
+            dt = np.dtype(s.name)
         except TypeError:
             continue
+        if dt.isbuiltin == 1:
+            out.append((int(dt.num), s.c_name))
     return out
 
 

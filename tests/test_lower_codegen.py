@@ -573,6 +573,9 @@ def test_the_kernel_abi_is_written_once_in_python():
         assert all(abi.compute_dtype(s) == dt for s in ct.serves)
         assert ct.size == np.dtype(dt).itemsize
     assert sorted(s for ct in abi.COMPUTE.values() for s in ct.serves) == sorted(abi.DTYPE_CODES)
+    before = abi.c_defines({})   # the same whether ml_dtypes (bfloat16) is loaded or not
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert np.dtype(ml_dtypes.bfloat16).num > 0 and abi.c_defines({}) == before
     with np.errstate(over="ignore"):   # (the bound is where float32 rounds to infinity)
         assert float(np.float32(abi.FLOAT32_OVERFLOW)) == np.inf
     assert float(np.float32(np.nextafter(abi.FLOAT32_OVERFLOW, 0))) < np.inf
