@@ -2,6 +2,8 @@
 here, so that opkit.bench needs nothing from opkit.cli (which imports it to add the command)."""
 from __future__ import annotations
 
+from .kinds import AttrType
+
 
 def add_path_option(parser) -> None:
     parser.add_argument("--path", action="append", default=[], metavar="DIR",
@@ -17,19 +19,19 @@ def attr_option(op, text: str):
         raise ValueError(f"--attr takes NAME=VALUE with NAME an attr of {op.name} ({known}), "
                          f"got {text!r}")
     typ = attrs[name].type
-    if typ == "str":
+    if typ == AttrType.STR:
         if attrs[name].choices and value not in attrs[name].choices:
             raise ValueError(f"--attr {name}: expected one of {', '.join(attrs[name].choices)}, "
                              f"got {value!r}")
         return name, value
     try:
-        if typ == "bool":
+        if typ == AttrType.BOOL:
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(value)
             return name, value.lower() in ("true", "1")
         if value.lower() in ("none", "null"):
             return name, None
-        return name, int(value) if typ == "int" else float(value)
+        return name, int(value) if typ == AttrType.INT else float(value)
     except ValueError:
         raise ValueError(f"--attr {name}: expected {'an integer' if typ == 'int' else 'a number'}"
                          f", got {value!r}") from None

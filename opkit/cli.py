@@ -19,6 +19,8 @@ from ._version import __version__
 from ._options import add_path_option, attr_option
 from .bench import add_parser as add_bench_parser
 from .errors import BuildError, FusionWarning, SpecError
+from .kinds import Layout
+from .spec.model import DTYPES
 
 
 class Progress:
@@ -487,8 +489,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     s.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
                    help="print how a call on inputs of these shapes runs, forward and backward "
                         "(whole or in slices), instead of the report (repeatable, one per input)")
-    s.add_argument("--dtype", default="float32", help="with --shape: the inputs' dtype")
-    s.add_argument("--layout", default=None, help="with --shape: the call's layout")
+    s.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="with --shape: the inputs' dtype (default float32)")
+    s.add_argument("--layout", default=None, choices=[str(x) for x in Layout],
+                   help="with --shape: the call's layout (default: the operator's first)")
     s.add_argument("--attr", action="append", default=[], metavar="NAME=VALUE",
                    help="with --shape: an attr of the call (repeatable)")
     s.set_defaults(func=cmd_show)

@@ -36,6 +36,9 @@ def schedules(op, shapes: Dict[str, Tuple[int, ...]], dtype: str, layout: Option
               attrs: Dict[str, object]) -> str:
     """How a forward and a backward call on inputs of these shapes run. The arrays are
     allocated, never touched."""
+    from .validate.check import bfloat16_available
+    if dtype == "bfloat16" and not bfloat16_available():
+        raise ValueError("--dtype bfloat16 needs the ml_dtypes package: pip install ml_dtypes")
     arrays = {name: np.empty(shape, dtype) for name, shape in shapes.items()}
     found = op.schedules(**arrays, **attrs, layout=layout)
     given = ", ".join(f"{n}[{', '.join(map(str, a.shape))}]" for n, a in arrays.items())

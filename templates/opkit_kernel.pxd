@@ -51,17 +51,6 @@ cdef extern from "opkit_kernel.h" nogil:
         opk_htile_fn htile
         opk_htile_fn htile_f
         uint64_t discard
-    void opk_h2f_full(float* d, const uint16_t* s)
-    void opk_f2h_full(uint16_t* d, const float* s)
-    void opk_ntw_put(opk_ntw* w, const float* s)
-    void opk_ntw_end(opk_ntw* w)
-    void opk_hacc_load(opk_hacc* a, const float* f)
-    void opk_hacc_store(const opk_hacc* a, float* f)
-    void opk_hacc_add(opk_hacc* a, const float* g)
-    void opk_hacc_flush(opk_hacc* a, double* acc)
-    void opk_hlanes_load(opk_hlanes* h, const double* s)
-    void opk_hlanes_store(const opk_hlanes* h, double* s)
-    void opk_hlanes_add(opk_hlanes* h, const float* g)
     enum: OPK_FROWS
     opk_ntw opk_ntw_at(const opk_ntw* w, int o)
     void opk_ntw_back(opk_ntw* w, int o, const opk_ntw* wl)
@@ -78,10 +67,7 @@ cdef extern from "opkit_kernel.h" nogil:
                         Py_ssize_t rows)
     int opk_hrow(Py_ssize_t* rows)
     void opk_hflush(int hk, opk_hacc* sa, double* acc)
-    void opk_h2f_block(float* d, const uint16_t* s, Py_ssize_t w)
-    void opk_f2f_block(float* d, const float* s, Py_ssize_t w)
     void opk_clamp_block(float* v, float lo, float hi, Py_ssize_t n)
-    void opk_f2h_contig(uint16_t* d, const float* s, Py_ssize_t w)
     int OPK_F16, OPK_F32, OPK_F64, OPK_I8, OPK_I16, OPK_I32, OPK_I64, OPK_BF16, OPK_F16_HW
     int32_t opk_qmul_i(int32_t x, int32_t m, int bits)
     int64_t opk_qmul_l(int64_t x, int64_t m, int bits)
@@ -107,11 +93,14 @@ cdef inline int opk_make(opk_kernel* k, opk_tile_fn tile, opk_rows_fn rows, cons
     return 0
 
 
-cdef inline int opk_fits(int failed, str kernel, str ctype) except -1:
-    """A kernel's attrs as its <kernel>_init took them: an error where one, or a value computed
-    from attrs alone, does not fit the compute type."""
+cdef inline int opk_fits(int failed, str where, str ctype, tuple names, tuple values) except -1:
+    """A kernel's attrs as its <kernel>_init took them (`names`, `values`): an error where one,
+    or a value computed from them alone, does not fit the compute type."""
     if failed:
-        raise ValueError(f"{kernel}: an attr, or a value computed from attrs alone, does not fit {ctype}")
+        given = ", ".join([f"{n}={v!r}" for n, v in zip(names, values)])
+        raise ValueError(f"{where}: {given or 'an attr'}, or a value computed from these attrs "
+                         f"alone, does not fit {ctype} (float32: magnitudes from 1.4e-45 to "
+                         "3.4e38); pass float64 arrays, or attrs within that range")
     return 0
 
 

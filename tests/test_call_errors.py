@@ -102,3 +102,11 @@ def test_unknown_operator():
     assert "opkit.list_ops()" in str(e)
     with pytest.raises(AttributeError, match="leaky_relu"):
         opkit.ops.leaky_rlu
+
+
+def test_a_kernel_entry_refusing_its_attrs_names_the_operator_and_the_values():
+    """The kernels' own check (opk_fits), behind the checked call's: called directly, an entry
+    given an attr float32 cannot hold names the operator, the kernel, the attr and its value."""
+    mod = opkit.get("leaky_relu").module()
+    with pytest.raises(ValueError, match=r"leaky_relu \(kernel fwd0\): alpha=1e\+39, .*does not fit float"):
+        mod.fwd0_f(np.zeros(1, np.intp), (), 1e39, 1)

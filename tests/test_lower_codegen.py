@@ -569,13 +569,20 @@ def test_the_kernel_abi_is_written_once_in_python():
         for name in defined:
             assert not re.search(rf"#define\s+{name}\b|enum\s*{{[^}}]*\b{name}\b", text), (header.name, name)
     assert all(line in runtime_source() for line in header_defines())
+    # DESIGN.md §3: half floats compute in float32, small integers in int32, int32 in int64
+    assert {d: abi.compute_dtype(d) for d in abi.DTYPE_CODES} == {
+        "float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64",
+        "int8": "int32", "int16": "int32", "int32": "int64", "int64": "int64"}
     for dt, ct in abi.COMPUTE.items():
-        assert all(abi.compute_dtype(s) == dt for s in ct.serves)
         assert ct.size == np.dtype(dt).itemsize
-    assert sorted(s for ct in abi.COMPUTE.values() for s in ct.serves) == sorted(abi.DTYPE_CODES)
-    before = abi.c_defines({})   # the same whether ml_dtypes (bfloat16) is loaded or not
-    ml_dtypes = pytest.importorskip("ml_dtypes")
-    assert np.dtype(ml_dtypes.bfloat16).num > 0 and abi.c_defines({}) == before
+    # the C (and so the cache key) the same whether ml_dtypes, which numbers bfloat16 when it
+    # loads, was imported or not: two fresh processes
+    pytest.importorskip("ml_dtypes")
+    code = "import sys; {}from opkit import abi; sys.stdout.write(chr(10).join(abi.c_defines({{}})))"
+    runs = [subprocess.run([sys.executable, "-c", code.format(first)], capture_output=True,
+                           text=True, check=True, cwd=str(REPO)).stdout
+            for first in ("", "import ml_dtypes; ")]
+    assert runs[0] == runs[1] and "OPK_DCODE_OF" in runs[0]
     with np.errstate(over="ignore"):   # (the bound is where float32 rounds to infinity)
         assert float(np.float32(abi.FLOAT32_OVERFLOW)) == np.inf
     assert float(np.float32(np.nextafter(abi.FLOAT32_OVERFLOW, 0))) < np.inf

@@ -11,6 +11,13 @@ import numpy as np
 from .harness import torch_modules
 
 
+def _pass_arrays(shape, dtype, rng):
+    """x and dy drawn from N(0, 1) in `dtype`, and a result buffer like x."""
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    return x, dy, np.empty_like(x)
+
+
 def leaky_case(shape, dtype, rng, out: bool):
     import opkit
     op = opkit.get("leaky_relu")
@@ -32,9 +39,7 @@ def leaky_backward_case(shape, dtype, rng):
     import opkit
     op = opkit.get("leaky_relu")
     torch, _ = torch_modules()
-    x = rng.standard_normal(shape).astype(dtype)
-    dy = rng.standard_normal(shape).astype(dtype)
-    y = np.empty_like(x)
+    x, dy, y = _pass_arrays(shape, dtype, rng)
     a = dtype(0.2)
     fns = {"opkit": lambda: op.backward(dy, x, alpha=0.2), "copy": lambda: np.copyto(y, x),
            "numpy": lambda: np.where(x > 0, dy, a * dy)}
@@ -151,9 +156,7 @@ def leaky_half_case(shape, rng, pass_):
     import opkit
     op = opkit.get("leaky_relu")
     torch, _ = torch_modules()
-    x = rng.standard_normal(shape).astype(np.float16)
-    dy = rng.standard_normal(shape).astype(np.float16)
-    y = np.empty_like(x)
+    x, dy, y = _pass_arrays(shape, np.float16, rng)
     if pass_ == "forward":
         fns = {"opkit": lambda: op(x, alpha=0.2, out=y), "copy": lambda: np.copyto(y, x)}
         if torch is not None:
@@ -213,9 +216,7 @@ def freq_case(shape, rng, pass_):
     import opkit
     op = opkit.get("freq_leaky_relu")
     torch, F = torch_modules()
-    x = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    y = np.empty_like(x)
+    x, dy, y = _pass_arrays(shape, np.float32, rng)
     if pass_ == "forward":
         fns = {"opkit": lambda: op(x, out=y)}
     else:

@@ -30,7 +30,7 @@ from ..lower.integer import fixed_point_factor
 from ..quantize import M_LIMIT
 from ..spec.model import DtypeLimit, OpSpec
 from ..target import Target
-from ..kinds import Layout, Op, Pass, ValueKind
+from ..kinds import AttrType, Layout, Op, Pass, ValueKind
 
 
 _DOUBLE = COMPUTE["float64"]
@@ -196,7 +196,7 @@ def _attr_fields(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
     fields = []
     for name in (kernel.attrs if not _hoisted(kernel, ct) else kernel.loop_attrs):
         c = cname(name)
-        if spec.attr_type(name) == "bool":
+        if spec.attr_type(name) == AttrType.BOOL:
             fields.append(("bint", c, f"attr_{c}"))
         elif ct.integer and name in quant:
             fields.append((ct.type, c, f"<{ct.type}>lrint(attr_{c} * {float(1 << quant[name])!r})"))
@@ -231,7 +231,7 @@ def init_context(kernel: Kernel, spec: OpSpec, ct: ComputeType, quant: Dict[str,
         lines += _statements(ins, [_prologue_operand(a) for a in ins.args], _DOUBLE, d)
     if ct.tag == "f":
         checks = [f"opk_overflows_f(attr_{cname(a)}) or opk_vanishes_f(attr_{cname(a)})"
-                  for a in kernel.loop_attrs if spec.attr_type(a) == "float"]
+                  for a in kernel.loop_attrs if spec.attr_type(a) == AttrType.FLOAT]
         checks += [f"opk_overflows_f(s_{r})" for r in crossing
                    if next(i for i in hoisted if i.dst == r).kind == ValueKind.FLOAT]
     stores = [f"ctx.a_{name} = {init}" for _, name, init in fields]
@@ -441,7 +441,7 @@ def _direct_kernel(plan) -> Optional[Tuple[Kernel, List[str]]]:
 def _direct_attrs(spec: OpSpec) -> List[Dict]:
     attrs = []
     for a in spec.attrs:
-        if a.type == "str":
+        if a.type == AttrType.STR:
             continue  # a str attr picks the variant, and so the direct call (runtime/op.py)
         # a `finfo.max` default follows the call's dtype: the checked path resolves it
         by_dtype = isinstance(a.default, DtypeLimit)
@@ -452,7 +452,7 @@ def _direct_attrs(spec: OpSpec) -> List[Dict]:
                       "default": default,
                       "nullable": a.nullable,
                       "null_means": _number(cast(float, a.null_means)) if a.nullable else None,
-                      "checks": _attr_checks(a) if a.type != "bool" else []})
+                      "checks": _attr_checks(a) if a.type != AttrType.BOOL else []})
     return attrs
 
 

@@ -14,7 +14,7 @@ elements it adds once the partials are added up (the runtime: 0 / 0 is NaN for a
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple, Union, cast
 
 from .plan import LOAD, Fused, Instr, Kernel, Kind, LibCall, Plan, Reg, Step, Value
 from ..kinds import Op, ValueKind
@@ -70,8 +70,7 @@ def _fold_fallbacks(plan: Plan) -> Plan:
             parts = fold_sums(dataclasses.replace(plan, steps=step.unfolded, temps=temps))
             temps = parts.temps
             # folding turns kernels and calls into kernels and calls: no fused step among them
-            fallback = tuple(p for p in parts.steps if not isinstance(p, Fused))
-            assert len(fallback) == len(parts.steps)
+            fallback = cast(Tuple[Union[Kernel, LibCall], ...], parts.steps)
             step = dataclasses.replace(step, fallback=fallback)
         steps.append(step)
     return dataclasses.replace(plan, steps=tuple(steps), temps=temps)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from ..kinds import Op
+
 
 @dataclass(frozen=True)
 class Tbe:
@@ -124,11 +126,11 @@ SEQUENCES: Dict[str, List[str]] = {
 }
 
 # The TBE instruction each library call maps to (dsl/library.py holds the calls' meaning)
-CALLS: Dict[str, str] = {
-    "sum_to": "vreduce_sum", "sum": "vreduce_sum", "mean": "vreduce_mean", "share": "vdivs",
-    "amax": "vreduce_max", "amin": "vreduce_min", "logsumexp": "vreduce_logsumexp",
-    "einsum": "vmatmul", "fourier": "vfft", "conv2d": "vconv", "conv2d_dx": "vconv_dx",
-    "conv2d_dw": "vconv_dw",
+CALLS: Dict[Op, str] = {
+    Op.SUM_TO: "vreduce_sum", Op.SUM: "vreduce_sum", Op.MEAN: "vreduce_mean", Op.SHARE: "vdivs",
+    Op.AMAX: "vreduce_max", Op.AMIN: "vreduce_min", Op.LOGSUMEXP: "vreduce_logsumexp",
+    Op.EINSUM: "vmatmul", Op.FOURIER: "vfft", Op.CONV2D: "vconv", Op.CONV2D_DX: "vconv_dx",
+    Op.CONV2D_DW: "vconv_dw",
 }
 
 # The reductions that run as a compiled pass of their own (templates/opkit_reduce.h), per

@@ -13,6 +13,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
+from .. import abi
 from ..dsl.variants import pick
 from ..runtime.bind import bind, dtype_name, finfo_values, split_args
 from ..spec.model import FLOAT_DTYPES, LAYOUT_PHYSICAL, DtypeLimit
@@ -41,7 +42,7 @@ def compute_dtype(result: str) -> str:
         raise ExportError(f"ONNX export covers float calls ({', '.join(FLOAT_DTYPES)}), not "
                           f"{result}: opkit's integer kernels use fixed-point slopes that ONNX "
                           "operators do not spell")
-    return "float64" if result == "float64" else "float32"
+    return abi.compute_dtype(result)
 
 
 class Typed(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ..dsl import named
-from ..kinds import Layout
+from ..kinds import AttrType, Layout
 from ..spec.model import DTYPES, FLOAT_DTYPES, LAYOUT_DIMS, LAYOUT_PHYSICAL, DtypeLimit, OpSpec
 from .shapes import shape_rules
 
@@ -35,7 +35,7 @@ def dtype_name(dtype: np.dtype) -> str:
     return name if name is not None else dtype.name
 
 
-_KIND = {"float": "a float", "int": "an integer", "bool": "True or False"}
+_KIND = {AttrType.FLOAT: "a float", AttrType.INT: "an integer", AttrType.BOOL: "True or False"}
 _COMPARE = {"==": operator.eq, ">": operator.gt, ">=": operator.ge, "<": operator.lt,
             "<=": operator.le}
 
@@ -106,8 +106,8 @@ def finfo_values(dtype: np.dtype) -> Dict[str, float]:
 
 # the largest integer magnitude an attr may be given: a float64 holds every integer up to 2**53
 # exactly, and none past its largest finite value
-_LIMIT = {"int": 2 ** 53, "float": int(np.finfo(np.float64).max)}
-_LIMIT_TEXT = {"int": "2**53", "float": "1.8e308 (float64's largest)"}
+_LIMIT = {AttrType.INT: 2 ** 53, AttrType.FLOAT: int(np.finfo(np.float64).max)}
+_LIMIT_TEXT = {AttrType.INT: "2**53", AttrType.FLOAT: "1.8e308 (float64's largest)"}
 
 
 def check_attrs(spec: OpSpec, given: dict, where: str,
@@ -131,7 +131,7 @@ def check_attrs(spec: OpSpec, given: dict, where: str,
                                     f"data, got {dtype.name}; give {a.name}")
         else:
             v = given[a.name]
-        if a.type == "str":
+        if a.type == AttrType.STR:
             if not isinstance(v, str):
                 raise TypeError(f"{where}: {a.name} must be one of the strings "
                                 f"{', '.join(map(repr, a.choices))}, got {type(v).__name__} {v!r}")
@@ -145,9 +145,9 @@ def check_attrs(spec: OpSpec, given: dict, where: str,
                 raise TypeError(f"{where}: {a.name} must be {_KIND[a.type]}, got None")
             out[a.name] = a.null_means
             continue
-        if a.type == "bool":
+        if a.type == AttrType.BOOL:
             if not isinstance(v, (bool, np.bool_)):
-                raise TypeError(f"{where}: {a.name} must be {_KIND['bool']}, got {v!r}")
+                raise TypeError(f"{where}: {a.name} must be {_KIND[AttrType.BOOL]}, got {v!r}")
             out[a.name] = bool(v)
             continue
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
@@ -157,7 +157,7 @@ def check_attrs(spec: OpSpec, given: dict, where: str,
             raise ValueError(f"{where}: {a.name} must be {_KIND[a.type]} of magnitude at most "
                              f"{_LIMIT_TEXT[a.type]}, got an integer of {int(v).bit_length()} bits")
         num: float = float(v)
-        if a.type == "int":
+        if a.type == AttrType.INT:
             if not num.is_integer():
                 raise TypeError(f"{where}: {a.name} must be an integer, got {v!r}")
             num = int(num)   # exact: an integer of at most 2**53

@@ -25,7 +25,7 @@ from ..spec.model import OpSpec
 from .bind import Bound, bind, split_args
 from .execute import Executor
 from .schedule import ExecSchedule
-from ..kinds import Pass
+from ..kinds import AttrType, Pass
 from .scalars import check_scalars
 
 
@@ -206,14 +206,14 @@ class Op:
         """The module's direct call `fn`, or None. An operator with str attrs has one per
         variant (`Variant.direct`): the call's values pick it, and leave its keywords (the direct
         call parses the other attrs). `leading`: the arguments before the inputs (backward's dy)."""
-        names = tuple(a.name for a in self.spec.attrs if a.type == "str")
+        names = tuple(a.name for a in self.spec.attrs if a.type == AttrType.STR)
         if not names:
             return getattr(mod, fn, None)
         table = {tuple(value for _, value in v.choices): getattr(mod, v.direct(fn), None)
                  for v in self.variants}
         if any(f is None for f in table.values()):
             return None
-        defaults = tuple(a.default for a in self.spec.attrs if a.type == "str")
+        defaults = tuple(a.default for a in self.spec.attrs if a.type == AttrType.STR)
         most = leading + len(self.spec.inputs)  # (a str attr given by position: checked path)
 
         def direct(args, kwargs, out, nthreads):

@@ -20,7 +20,7 @@ from ..lower import Attr, Const, Plan, compute_dtype
 from ..spec.model import OpSpec
 from .bind import dtype_name
 from ..abi import FLOAT32_OVERFLOW, FLOAT32_VANISH
-from ..kinds import Op, ValueKind
+from ..kinds import AttrType, Op, ValueKind
 
 _SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "gt": ">", "ge": ">=", "lt": "<",
             "le": "<=", "eq": "==", "ne": "!=", "and": "&", "or": "|"}
@@ -90,7 +90,7 @@ def _what_to_check(spec: OpSpec, plan: Plan):
     found = _CHECKS.get(id(plan))
     if found is None or found[0] is not plan:
         float_attrs = sorted({a for k in plan.kernels for a in k.loop_attrs
-                              if spec.attr_type(a) == "float"})
+                              if spec.attr_type(a) == AttrType.FLOAT})
         found = (plan, float_attrs, [k for k in plan.kernels if k.prologue_results])
         _CHECKS[id(plan)] = found
     return found[1], found[2]

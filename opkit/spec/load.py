@@ -267,7 +267,7 @@ def _attrs(node: Optional[YNode], taken: Dict[str, str]) -> Tuple[AttrSpec, ...]
                 raise SpecError(f"{where}.quantize: expected a number of bits in 1..15, got {quantize}",
                                 qn.loc)
         dn = f.get("default")
-        required = dn is None  # a default of null is given
+        required = dn is None  # no default key (`default: null` is the branch below)
         default: Union[Scalar, DtypeLimit] = None
         if dn is not None and dn.value is None:
             if null_means is None:
