@@ -219,7 +219,7 @@ def _fusion_notes():
         yield found
 
 
-_NO_BLAS = re.compile(r"Cannot fuse the epilogue of \w+ \((.+?):\d+:\d+\): no BLAS backend")
+_NO_BLAS = re.compile(r"Cannot fuse the epilogue of \w+ \((.+?):\d+:\d+\): no GEMM backend")
 
 
 def _summarized(notes) -> list:
@@ -228,11 +228,12 @@ def _summarized(notes) -> list:
                     for m in map(_NO_BLAS.match, notes) if m})
     lines = [f"note: {n}" for n in sorted(set(notes)) if not _NO_BLAS.match(n)]
     if files:
-        why = "OPKIT_BLAS=none" if backend.blas_disabled() else "SciPy is not installed"
+        why = ("OPKIT_GEMM=none" if backend.blas_disabled()
+               else "OPKIT_GEMM=blas and SciPy is not installed")
         lines.append(f"note: {why}, so {len(files)} operator(s) ({', '.join(files)}) run their "
                      "convolution or matmul and the elementwise work after it one after the other "
-                     "instead of fused (same results, slower): pip install scipy (the blas extra) "
-                     "fuses them")
+                     "instead of fused (same results, slower): unset OPKIT_GEMM (or OPKIT_BLAS) to "
+                     "fuse them")
     return lines
 
 

@@ -1,14 +1,18 @@
-/* opkit fused convolution: im2col per block, a BLAS GEMM per block, and the operator's generated
- * epilogue on each output block while it is in cache.
+/* opkit fused convolution: a GEMM per output block, and the operator's generated epilogue on
+ * each block while it is in cache.
  *
- * Included (after opkit_kernel.h) by generated modules that have fused steps and a BLAS backend.
- * The output is cut into blocks of whole output rows of one image; each thread takes blocks in
- * turn: it unfolds the block's receptive fields into a thread-local matrix (in the compute type;
- * float16 converted on the way, so the unfolded matrix never exists whole), multiplies it with
- * the packed weights in one single-threaded GEMM, then runs the epilogue kernel over the block
- * (bias, normalization, activation ...) and sums the per-channel statistics, so the raw result
- * never goes to memory. The BLAS library's thread count is 1 for the duration of the call:
- * opkit's OpenMP threads split the blocks, and BLAS's own pool stays asleep.
+ * Included (after opkit_kernel.h) by generated modules that have fused steps. The output is cut
+ * into blocks of whole output rows of one image; each thread takes blocks in turn and computes
+ * the block's raw result in one of two ways:
+ *  - direct (the module's generated micro-kernels, opkit/codegen/gemm.py, OPK_GL_F defined): the
+ *    block's input rows are copied once, zero-padded, channels last, in the compute type (float16
+ *    converted, NCHW transposed on the way); register tiles of pixels x output channels then
+ *    read every kernel tap straight from them, so no unfolded matrix is ever made;
+ *  - BLAS: the block's receptive fields are unfolded into a thread-local matrix and multiplied
+ *    with the packed weights in one single-threaded GEMM (SciPy's BLAS); the library's thread
+ *    count is 1 for the duration of the call, so its own pool stays asleep.
+ * Then the epilogue kernel runs over the block (bias, normalization, activation ...) and the
+ * per-channel statistics are summed, so the raw result never goes to memory.
  *
  * Per-channel sums are kept per block and added in block order at the end, so results do not
  * depend on the number of threads.
@@ -52,7 +56,9 @@ typedef struct {
     Py_ssize_t xs[4];
     int xcode;
     const char *wpack;
-    void *gemm;
+    void *gemm;                         /* BLAS sgemm/dgemm; NULL: the generated micro-kernels */
+    char *wpk;                          /* direct: the weights in panels (set by opk_conv_run) */
+    Py_ssize_t ld;                      /* direct: output channels per block row, panels padded */
     opk_blas_set_fn blas_set;           /* the BLAS library's thread count, or NULL */
     opk_blas_get_fn blas_get;
     /* the epilogue: kernel `epi` over operands `ops` (inputs, then outputs), `slot` the input
@@ -73,6 +79,16 @@ typedef struct {
 
 static inline Py_ssize_t opk_conv_k(const opk_conv *cv) { return cv->C * cv->KH * cv->KW; }
 
+/* Element (p, o) of a block of P pixels is at p * ps + o * os: pixel-major [P][ld] for the
+ * micro-kernels and BLAS in NHWC, channel-major [O][P] for BLAS in NCHW. */
+static inline void opk_conv_block_strides(const opk_conv *cv, Py_ssize_t P, Py_ssize_t *ps,
+                                          Py_ssize_t *os)
+{
+    if (cv->gemm == NULL) { *ps = cv->ld; *os = 1; }
+    else if (cv->nhwc) { *ps = cv->O; *os = 1; }
+    else { *ps = 1; *os = P; }
+}
+
 /* Output rows per block and the number of blocks: about OPK_CONV_BLOCK_BYTES of unfolded input
  * per block, at least one row. */
 static inline Py_ssize_t opk_conv_plan(opk_conv *cv)
@@ -83,6 +99,8 @@ static inline Py_ssize_t opk_conv_plan(opk_conv *cv)
         cv->rows = 1;
         return 0;  /* the caller does not send empty problems; nothing to do if it does */
     }
+    if (cv->gemm == NULL)  /* direct: the block's result (and its input rows) stay in L2 */
+        per_row = (cv->ld + cv->stride * cv->stride * cv->C) * cv->OW * cs;
     Py_ssize_t rows = per_row > 0 ? OPK_CONV_BLOCK_BYTES / per_row : cv->OH;
     if (rows < 1) rows = 1;
     if (rows > cv->OH) rows = cv->OH;
@@ -144,6 +162,105 @@ static void opk_im2col(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_ssiz
     }
 }
 
+#ifdef OPK_GL_F
+/* The input rows output rows [oh0, oh0 + rows) of image n read, zero-padded, channels last, in
+ * the compute type: [R][Wp][C], R = (rows - 1) * stride + KH, Wp = (OW - 1) * stride + KW, column
+ * j being input column j - pad. `tmp` holds one input row of one channel (NCHW's transpose). */
+static void opk_conv_input(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_ssize_t rows,
+                           char *xin, char *tmp)
+{
+    const int cc = cv->ccode;
+    const Py_ssize_t cs = OPK_CSIZE(cc), C = cv->C, s = cv->stride, pad = cv->pad;
+    const Py_ssize_t R = (rows - 1) * s + cv->KH, Wp = (cv->OW - 1) * s + cv->KW;
+    const Py_ssize_t jlo = pad < Wp ? pad : Wp, jhi = cv->W + pad < Wp ? cv->W + pad : Wp;
+    const Py_ssize_t nj = jhi > jlo ? jhi - jlo : 0;
+    /* channels, then pixels, run on in memory: one load per row */
+    const int packed = cv->xs[3] == C * cv->xs[1] || cv->C == 1;
+    const char *xn = cv->x + n * cv->xs[0];
+    for (Py_ssize_t r = 0; r < R; r++) {
+        char *dst = xin + r * Wp * C * cs;
+        const Py_ssize_t ih = oh0 * s - pad + r;
+        if (ih < 0 || ih >= cv->H || nj == 0) {
+            memset(dst, 0, (size_t)(Wp * C * cs));
+            continue;
+        }
+        memset(dst, 0, (size_t)(jlo * C * cs));
+        memset(dst + jhi * C * cs, 0, (size_t)((Wp - jhi) * C * cs));
+        const char *src = xn + ih * cv->xs[2] + (jlo - pad) * cv->xs[3];
+        if (packed) {
+            opk_load_c(cc, dst + jlo * C * cs, src, C == 1 ? cv->xs[3] : cv->xs[1], cv->xcode, nj * C);
+        } else if (cc == OPK_F64) {
+            double *d = (double *)dst + jlo * C;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                opk_load_c(cc, tmp, src + c * cv->xs[1], cv->xs[3], cv->xcode, nj);
+                for (Py_ssize_t j = 0; j < nj; j++) d[j * C + c] = ((const double *)tmp)[j];
+            }
+        } else {
+            float *d = (float *)dst + jlo * C;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                opk_load_c(cc, tmp, src + c * cv->xs[1], cv->xs[3], cv->xcode, nj);
+                for (Py_ssize_t j = 0; j < nj; j++) d[j * C + c] = ((const float *)tmp)[j];
+            }
+        }
+    }
+}
+
+/* The block [P][ld] from the padded input rows: register tiles of up to `mr` pixels (a tile
+ * may span output rows: each pixel has its own row pointer) by one panel of output channels,
+ * panel by panel so each panel's weights stay in cache across the block's pixels. */
+#define OPK_CONV_DIRECT(tag, ctype, L, NVMAX)                                                      \
+static void opk_conv_direct_##tag(const opk_conv *cv, const char *xin, char *res, Py_ssize_t rows) \
+{                                                                                                  \
+    const Py_ssize_t C = cv->C, s = cv->stride, OW = cv->OW, K = opk_conv_k(cv), O = cv->O;        \
+    const Py_ssize_t Wp = (OW - 1) * s + cv->KW, P = rows * OW, nrmax = (NVMAX) * (L);             \
+    Py_ssize_t toff[cv->KH * cv->KW];                                                              \
+    int nt = 0;                                                                                    \
+    for (Py_ssize_t kh = 0; kh < cv->KH; kh++)                                                     \
+        for (Py_ssize_t kw = 0; kw < cv->KW; kw++) toff[nt++] = (kh * Wp + kw) * C;                \
+    for (Py_ssize_t o0 = 0; o0 < O; o0 += nrmax) {                                                 \
+        const int nv = (int)opk_cdiv(O - o0 < nrmax ? O - o0 : nrmax, (L));                        \
+        int mr = 0;                                                                                \
+        while (mr < OPK_GEMM_MAXROWS && opk_ukrs_##tag[nv][mr + 1] != NULL) mr++;                  \
+        const ctype *b = (const ctype *)cv->wpk + K * o0;                                          \
+        for (Py_ssize_t p = 0; p < P; p += mr) {                                                   \
+            const int m = P - p < mr ? (int)(P - p) : mr;                                          \
+            const ctype *a[OPK_GEMM_MAXROWS];                                                      \
+            for (int i = 0; i < m; i++) {                                                          \
+                const Py_ssize_t r = (p + i) / OW, ow = (p + i) % OW;                              \
+                a[i] = (const ctype *)xin + (r * s * Wp + ow * s) * C;                             \
+            }                                                                                      \
+            opk_ukrs_##tag[nv][m](a, toff, nt, C, b, (ctype *)res + p * cv->ld + o0, cv->ld);      \
+        }                                                                                          \
+    }                                                                                              \
+}
+OPK_CONV_DIRECT(f, float, OPK_GL_F, OPK_GNV_F)
+OPK_CONV_DIRECT(d, double, OPK_GL_D, OPK_GNV_D)
+
+/* The weights [K][O] in panels of up to NVMAX vectors of output channels, [panel][K][nr], zeros
+ * past O; ld = the padded width. NULL when memory cannot be had. */
+static char *opk_conv_panels(opk_conv *cv)
+{
+    const int dbl = cv->ccode == OPK_F64;
+    const Py_ssize_t L = dbl ? OPK_GL_D : OPK_GL_F, nrmax = L * (dbl ? OPK_GNV_D : OPK_GNV_F);
+    const Py_ssize_t cs = OPK_CSIZE(cv->ccode), K = opk_conv_k(cv), O = cv->O;
+    const Py_ssize_t last = O > 0 ? (O - 1) / nrmax * nrmax : 0;
+    cv->ld = last + opk_cdiv(O - last, L) * L;
+    char *raw = (char *)PyMem_RawMalloc((size_t)(K * cv->ld * cs) + 128);
+    if (raw == NULL) return NULL;
+    char *wpk = raw + (128 - ((size_t)raw & 63));  /* aligned for vector loads; raw kept before */
+    ((char **)wpk)[-1] = raw;
+    for (Py_ssize_t o0 = 0; o0 < O; o0 += nrmax) {
+        const Py_ssize_t w = O - o0 < nrmax ? O - o0 : nrmax, nr = opk_cdiv(w, L) * L;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            char *dst = wpk + (K * o0 + k * nr) * cs;
+            memcpy(dst, cv->wpack + (k * O + o0) * cs, (size_t)(w * cs));
+            memset(dst + w * cs, 0, (size_t)((nr - w) * cs));
+        }
+    }
+    return wpk;
+}
+#endif
+
 /* res = the block's raw result: NHWC [P][O], NCHW [O][P] (row-major, compute type) */
 static void opk_conv_gemm(const opk_conv *cv, const char *cols, char *res, Py_ssize_t P)
 {
@@ -180,11 +297,13 @@ static int opk_conv_walk(const opk_conv *cv, const opk_kernel *k, int nops, int 
     Py_ssize_t g[OPK_G_SHAPE + 3 + OPK_MAXOPS * 3 + OPK_MAXOPS];
     Py_ssize_t st[OPK_MAXOPS][4];
     char *base[OPK_MAXOPS];
+    Py_ssize_t ps, os;
+    opk_conv_block_strides(cv, P, &ps, &os);
     for (int o = 0; o < nops; o++) {
-        if (o == slot || spread[o] != NULL) {  /* laid out as the block: NHWC [P][O], NCHW [O][P] */
+        if (o == slot || spread[o] != NULL) {  /* laid out as the block */
             st[o][0] = 0;
-            st[o][1] = cv->nhwc ? cs : P * cs;
-            st[o][3] = cv->nhwc ? cv->O * cs : cs;
+            st[o][1] = os * cs;
+            st[o][3] = ps * cs;
             st[o][2] = st[o][3] * cv->OW;
             base[o] = o == slot ? block : spread[o];
         } else {
@@ -223,19 +342,22 @@ static int opk_conv_walk(const opk_conv *cv, const opk_kernel *k, int nops, int 
     return opk_walk(0, total, g, base, k);
 }
 
-/* the per-channel sums of a block of values (compute type), in block order */
+/* the per-channel sums of a block of values (compute type, laid out as the block), in block
+ * order */
 static void opk_conv_sums(const opk_conv *cv, const char *v, Py_ssize_t P, double *acc)
 {
     const Py_ssize_t O = cv->O;
+    Py_ssize_t ps, os;
+    opk_conv_block_strides(cv, P, &ps, &os);
     for (Py_ssize_t o = 0; o < O; o++) acc[o] = 0.0;
     if (cv->ccode == OPK_F64) {
         const double *d = (const double *)v;
-        if (cv->nhwc) { for (Py_ssize_t p = 0; p < P; p++) for (Py_ssize_t o = 0; o < O; o++) acc[o] += d[p * O + o]; }
-        else { for (Py_ssize_t o = 0; o < O; o++) { double t = 0; for (Py_ssize_t p = 0; p < P; p++) t += d[o * P + p]; acc[o] = t; } }
+        if (os == 1) { for (Py_ssize_t p = 0; p < P; p++) for (Py_ssize_t o = 0; o < O; o++) acc[o] += d[p * ps + o]; }
+        else { for (Py_ssize_t o = 0; o < O; o++) { double t = 0; for (Py_ssize_t p = 0; p < P; p++) t += d[o * os + p]; acc[o] = t; } }
     } else {
         const float *f = (const float *)v;
-        if (cv->nhwc) { for (Py_ssize_t p = 0; p < P; p++) for (Py_ssize_t o = 0; o < O; o++) acc[o] += f[p * O + o]; }
-        else { for (Py_ssize_t o = 0; o < O; o++) { double t = 0; for (Py_ssize_t p = 0; p < P; p++) t += f[o * P + p]; acc[o] = t; } }
+        if (os == 1) { for (Py_ssize_t p = 0; p < P; p++) for (Py_ssize_t o = 0; o < O; o++) acc[o] += f[p * ps + o]; }
+        else { for (Py_ssize_t o = 0; o < O; o++) { double t = 0; for (Py_ssize_t p = 0; p < P; p++) t += f[o * os + p]; acc[o] = t; } }
     }
 }
 
@@ -260,16 +382,19 @@ static int opk_conv_spread(const opk_conv *cv, const opk_kernel *epi, Py_ssize_t
                            char **spread)
 {
     const Py_ssize_t cs = OPK_CSIZE(cv->ccode), O = cv->O;
+    Py_ssize_t ps, os;
+    opk_conv_block_strides(cv, Pmax, &ps, &os);
     for (int o = 0; o < OPK_MAXOPS; o++) spread[o] = NULL;
-    if (!cv->nhwc || cv->epi == NULL) return 0;
+    if (!cv->nhwc || cv->epi == NULL || os != 1) return 0;
     for (int o = 0; o < epi->nin; o++) {
         const opk_operand *op = cv->ops + o;
         if (o == cv->slot || op->s[0] || op->s[2] || op->s[3] || !op->s[1]) continue;
-        spread[o] = (char *)PyMem_RawMalloc((size_t)(Pmax * O * cs) + 64);
+        spread[o] = (char *)PyMem_RawMalloc((size_t)(Pmax * ps * cs) + 64);
         if (spread[o] == NULL) return -1;
+        memset(spread[o], 0, (size_t)(ps * cs));
         opk_load_c(cv->ccode, spread[o], op->base, op->s[1], op->code, O);
         for (Py_ssize_t p = 1; p < Pmax; p++)
-            memcpy(spread[o] + p * O * cs, spread[o], (size_t)(O * cs));
+            memcpy(spread[o] + p * ps * cs, spread[o], (size_t)(ps * cs));
     }
     return 0;
 }
@@ -279,9 +404,15 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
 {
     const Py_ssize_t cs = OPK_CSIZE(cv->ccode), K = opk_conv_k(cv);
     const Py_ssize_t per_image = opk_cdiv(cv->OH, cv->rows), Pmax = cv->rows * cv->OW;
-    char *cols = (char *)PyMem_RawMalloc((size_t)(K * Pmax * cs) + 64);
-    char *res = (char *)PyMem_RawMalloc((size_t)(cv->O * Pmax * cs) + 64);
-    char *tmp = cv->nstat ? (char *)PyMem_RawMalloc((size_t)(cv->O * Pmax * cs) + 64) : NULL;
+    const int direct = cv->gemm == NULL;
+    /* the block's result; direct: its padded input rows and one channel's row, else unfolded */
+    const Py_ssize_t width = direct ? cv->ld : cv->O;
+    const Py_ssize_t incols = direct ? ((cv->rows - 1) * cv->stride + cv->KH) *
+                                       ((cv->OW - 1) * cv->stride + cv->KW) * cv->C + cv->W
+                                     : K * Pmax;
+    char *cols = (char *)PyMem_RawMalloc((size_t)(incols * cs) + 64);
+    char *res = (char *)PyMem_RawMalloc((size_t)(width * Pmax * cs) + 64);
+    char *tmp = cv->nstat ? (char *)PyMem_RawMalloc((size_t)(width * Pmax * cs) + 64) : NULL;
     int failed = cols == NULL || res == NULL || (cv->nstat && tmp == NULL);
     /* without an epilogue the walk copies the block to ops[1] (ops[0] stands for the block) */
     opk_kernel copy = {.tile = cv->ccode == OPK_F64 ? opk_conv_copy_d : opk_conv_copy_f,
@@ -292,13 +423,22 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
     for (Py_ssize_t b = b0; b < b1 && !failed; b++) {
         const Py_ssize_t n = b / per_image, oh0 = (b % per_image) * cv->rows;
         const Py_ssize_t rows = cv->OH - oh0 < cv->rows ? cv->OH - oh0 : cv->rows, P = rows * cv->OW;
-        opk_im2col(cv, n, oh0, rows, cols);
-        opk_conv_gemm(cv, cols, res, P);
+        if (direct) {
+#ifdef OPK_GL_F
+            char *row = cols + (incols - cv->W) * cs;
+            opk_conv_input(cv, n, oh0, rows, cols, row);
+            if (cv->ccode == OPK_F64) opk_conv_direct_d(cv, cols, res, rows);
+            else opk_conv_direct_f(cv, cols, res, rows);
+#endif
+        } else {
+            opk_im2col(cv, n, oh0, rows, cols);
+            opk_conv_gemm(cv, cols, res, P);
+        }
         for (int i = 0; i < cv->nstat; i++) {
             const char *v = res;
             if (cv->stat[i] != NULL) {  /* the summand, elementwise from the block */
                 char *p[2] = {res, tmp};
-                cv->stat[i]->tile(cv->O * P, p, cv->stat[i]->ctx);
+                cv->stat[i]->tile(width * P, p, cv->stat[i]->ctx);
                 v = tmp;
             }
             opk_conv_sums(cv, v, P, cv->partials + (b * cv->nstat + i) * cv->O);
@@ -318,13 +458,26 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
  * out of memory. */
 static int opk_conv_run(opk_conv *cv)
 {
-    const Py_ssize_t nb = opk_conv_plan(cv), per = cv->nstat * cv->O;
-    int nt = cv->threads < 1 ? 1 : cv->threads, failed = 0;
+    const Py_ssize_t per = cv->nstat * cv->O;
     for (Py_ssize_t i = 0; i < per; i++) cv->sums[i] = 0.0;
+    cv->wpk = NULL;
+    if (cv->gemm == NULL) {
+#ifdef OPK_GL_F
+        if (cv->N > 0 && cv->OH > 0 && cv->OW > 0 && cv->O > 0 && opk_conv_k(cv) > 0 &&
+            (cv->wpk = opk_conv_panels(cv)) == NULL)
+            return -1;
+#else
+        return -1;  /* not reached: a module without micro-kernels passes its BLAS */
+#endif
+    }
+    const Py_ssize_t nb = opk_conv_plan(cv);
+    int nt = cv->threads < 1 ? 1 : cv->threads, failed = 0;
     if (nt > nb) nt = (int)(nb > 0 ? nb : 1);
-    if (nb == 0) return 0;
-    cv->partials = per ? (double *)PyMem_RawMalloc((size_t)(nb * per) * sizeof(double)) : NULL;
-    if (per && cv->partials == NULL) return -1;
+    cv->partials = per && nb ? (double *)PyMem_RawMalloc((size_t)(nb * per) * sizeof(double)) : NULL;
+    if (nb == 0 || (per && cv->partials == NULL)) {
+        if (cv->wpk) PyMem_RawFree(((char **)cv->wpk)[-1]);
+        return nb == 0 ? 0 : -1;
+    }
     /* every GEMM runs on the thread that calls it: BLAS's own pool stays asleep for the call */
     const int blas_before = cv->blas_set != NULL && cv->blas_get != NULL ? cv->blas_get() : 0;
     if (blas_before > 1) cv->blas_set(1);
@@ -339,6 +492,7 @@ static int opk_conv_run(opk_conv *cv)
     for (Py_ssize_t b = 0; b < nb && !failed; b++)   /* in block order, whatever the threads */
         for (Py_ssize_t i = 0; i < per; i++) cv->sums[i] += cv->partials[b * per + i];
     if (cv->partials) PyMem_RawFree(cv->partials);
+    if (cv->wpk) PyMem_RawFree(((char **)cv->wpk)[-1]);
     return failed ? -1 : 0;
 }
 

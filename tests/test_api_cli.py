@@ -184,19 +184,21 @@ def test_build_gathers_fusion_notes_into_lines_after_the_table(monkeypatch):
     def warn(i):
         for op in ("conv2d_bias_leaky_relu", "conv2d_bn_leaky_relu")[i % 2:]:
             warnings.warn(f"Cannot fuse the epilogue of conv2d (/x/operators/{op}.yaml:12:6): no "
-                          "BLAS backend (install SciPy); the steps run one after another", FusionWarning)
+                          "GEMM backend for fused calls; the steps run one after another", FusionWarning)
         warnings.warn("Cannot fuse gt with preceding op conv2d: a condition", FusionWarning)
 
     with _fusion_notes() as notes, concurrent.futures.ThreadPoolExecutor(2) as pool:
         list(pool.map(warn, range(4)))
     assert len(notes) == 10
     monkeypatch.delenv("OPKIT_BLAS", raising=False)
+    monkeypatch.setenv("OPKIT_GEMM", "blas")
     assert _summarized(notes) == [
         "note: Cannot fuse gt with preceding op conv2d: a condition",
-        "note: SciPy is not installed, so 2 operator(s) (conv2d_bias_leaky_relu, conv2d_bn_leaky_relu) "
-        "run their convolution or matmul and the elementwise work after it one after the other "
-        "instead of fused (same results, slower): pip install scipy (the blas extra) fuses them"]
+        "note: OPKIT_GEMM=blas and SciPy is not installed, so 2 operator(s) (conv2d_bias_leaky_relu, "
+        "conv2d_bn_leaky_relu) run their convolution or matmul and the elementwise work after it "
+        "one after the other instead of fused (same results, slower): unset OPKIT_GEMM (or "
+        "OPKIT_BLAS) to fuse them"]
     monkeypatch.setenv("OPKIT_BLAS", "none")
-    assert _summarized(notes)[1].startswith("note: OPKIT_BLAS=none, so 2 operator(s)")
+    assert _summarized(notes)[1].startswith("note: OPKIT_GEMM=none, so 2 operator(s)")
     with pytest.warns(FusionWarning):  # outside the build, a FusionWarning is a warning again
         warn(1)

@@ -328,10 +328,52 @@ def test_batch_statistics_of_infinities_are_nan_without_a_warning(monkeypatch):
     np.testing.assert_allclose(var2, z.var(axis=(1, 2, 3)), rtol=1e-10)
 
 
-def test_without_a_blas_backend_the_module_has_no_fused_calls(monkeypatch):
-    """OPKIT_BLAS=none (or no SciPy): nothing cimports SciPy, and the build warns."""
+def test_the_gemm_backend_is_chosen_by_opkit_gemm(monkeypatch):
+    """By default the fused calls run on opkit's generated micro-kernels (nothing cimports
+    SciPy); OPKIT_GEMM=blas renders SciPy's BLAS calls; OPKIT_GEMM=none (or OPKIT_BLAS=none)
+    renders no fused calls, and the build warns."""
     op = opkit.get("conv2d_bias_leaky_relu")
-    assert "cython_blas" in op.source()
-    monkeypatch.setenv("OPKIT_BLAS", "none")
-    assert "cython_blas" not in op.source() and "def fwdlib0_f" not in op.source()
-    assert any("no BLAS backend" in n for n in op.fusion_notes())
+    for var in ("OPKIT_GEMM", "OPKIT_BLAS"):
+        monkeypatch.delenv(var, raising=False)
+    source = op.source()
+    assert "cython_blas" not in source and 'GEMM = "opkit"' in source
+    assert "static void opk_ukr_f_" in source and "def fwdlib0_f" in source
+    monkeypatch.setenv("OPKIT_GEMM", "blas")
+    assert "cython_blas" in op.source() and 'GEMM = "blas"' in op.source()
+    for var, value in (("OPKIT_GEMM", "none"), ("OPKIT_BLAS", "none")):
+        monkeypatch.delenv("OPKIT_GEMM", raising=False)
+        monkeypatch.setenv(var, value)
+        assert "def fwdlib0_f" not in op.source() and "opk_ukr" not in op.source()
+        assert any("no GEMM backend" in n for n in op.fusion_notes())
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("OPKIT_GEMM", "mkl")
+    with pytest.raises(ValueError, match="OPKIT_GEMM must be one of opkit, blas, none, not 'mkl'"):
+        op.source()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("o,c,stride,k", [(1, 1, 1, 3), (17, 5, 2, 3), (70, 3, 1, 1), (130, 2, 1, 3)])
+def test_generated_gemm_tiles_panels_and_tails(layout, o, c, stride, k):
+    """The micro-kernels' edges: output channels that fill no vector (1), a part of one (17),
+    more than one panel with a narrow last one (70, 130 on 16-lane vectors), one input channel,
+    pixel counts that are no multiple of a tile's rows, stride 2, a view with negative and
+    non-unit strides, in every compute type and on one or two threads."""
+    rng = np.random.default_rng(o + c)
+    xfull = rng.standard_normal((3, c, 11, 14 if layout == "NCHW" else 13))
+    x = xfull[:, :, ::-1, ::1]  # rows reversed: a negative stride
+    w, b = rng.standard_normal((o, c, k, k)), rng.standard_normal(o)
+    want = leaky(conv_numpy(np.ascontiguousarray(x), w, stride, k // 2) + b[:, None, None])
+    xl = x.transpose(0, 2, 3, 1) if layout == "NHWC" else x   # channels last: a strided view
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-4), (np.float16, 2e-2)):
+        for threads in (1, 2):
+            with opkit.config(num_threads=threads):
+                y = opkit.ops.conv2d_bias_leaky_relu(xl.astype(dtype), w.astype(dtype),
+                                                     b.astype(dtype), stride=stride,
+                                                     padding=k // 2, layout=layout)
+            assert y.dtype == dtype
+            ref = want if dtype != np.float16 else leaky(
+                conv_numpy(np.ascontiguousarray(x).astype(np.float16).astype(np.float64),
+                           w.astype(np.float16).astype(np.float64), stride, k // 2)
+                + b.astype(np.float16)[:, None, None])
+            np.testing.assert_allclose(from_layout(y, layout).astype(np.float64), ref,
+                                       rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))

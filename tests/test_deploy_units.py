@@ -150,7 +150,7 @@ def test_a_shipped_module_is_found_whatever_scipys_version():
     from opkit.builder import toolchain
     from opkit.builder.compile import ship_key
     tc = toolchain("portable")
-    body = "# BLAS: scipy {} (scipy.linalg.cython_blas sgemm/dgemm). Each call runs ...\nx = 1\n"
+    body = "# GEMM: SciPy {} BLAS (scipy.linalg.cython_blas sgemm/dgemm). Each call runs ...\nx = 1\n"
     key = ship_key("op", body.format("1.17.1"), {}, tc)
     assert ship_key("op", body.format("1.11.0"), {}, tc) == key
     assert ship_key("op", body.format("1.11.0") + "y = 2\n", {}, tc) != key

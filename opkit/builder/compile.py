@@ -84,13 +84,13 @@ def content_key(name: str, source: str, spec_canonical: dict, tc: Toolchain) -> 
 
 # The BLAS line of a module with fused calls names SciPy's version; a shipped module runs with
 # any SciPy, since cython_blas's functions are looked up by name when the module is imported
-_BLAS_VERSION = re.compile(r"^(# BLAS: scipy) [^ (]+ \(", re.M)
+_BLAS_VERSION = re.compile(r"^(# GEMM: SciPy) [^ (]+ (BLAS \()", re.M)
 
 
 def ship_key(name: str, source: str, spec_canonical: dict, tc: Toolchain) -> str:
     """The key a module built ahead of time is found by (see Toolchain.ship_material): the
     source without SciPy's version."""
-    source = _BLAS_VERSION.sub(r"\1 (", source)
+    source = _BLAS_VERSION.sub(r"\1 \2", source)
     return cache.cache_key(_material(name, source, spec_canonical, tc.ship_material()))
 
 

@@ -20,7 +20,8 @@ from .._version import __version__
 from ..dsl.graph import OpGraphs
 from ..dsl.variants import Variant
 from .c_ops import C as C_OPS, LIBM, MATH_FUNCTIONS, declaration, form as c_form, scalar_calls
-from ..backend import blas
+from ..backend import gemm
+from .gemm import gemm_source
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, LibCall, Lowered, Reg,
                      Schedule, compute_dtype, cost, listing, quantized)
 from ..lower.plan import Step
@@ -554,9 +555,12 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     directs = fast_contexts(spec, lowered, kernels) if not others else [
         d for variant, _, low in [(graphs.variant, graphs, lowered), *others]
         for d in fast_contexts(spec, low, kernels, variant)]
-    lib = blas()
+    lib = gemm()
     fused = [f for low in [lowered, *(o[2] for o in others)]
              for f in fused_contexts(low, kernels)] if lib is not None else []
+    gemm_context = {} if lib is None or not fused else {
+        "name": lib.name, "describe": _printable(lib.describe(target.vector_bytes)),
+        "source": gemm_source(target.vector_bytes) if lib.name == "opkit" else ""}
     reduces = any(isinstance(s, LibCall) and s.prim in COMPILED_REDUCTIONS
                   for low in [lowered, *(o[2] for o in others)]
                   for plan in (low.forward, low.backward) if plan is not None for s in plan.steps)
@@ -564,8 +568,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
         version=__version__, op=op, target=_printable(target.describe()), kernels=kernels,
         directs=directs, defines=header_defines(), fused=fused, reduces=reduces,
         conv_fields=", ".join(f"cv.{f}" for f in ConvProblem._fields), libm=LIBM,
-        math_functions=[declaration(f) for f in _math_functions(kernels)],
-        blas=_printable(lib.describe()) if lib is not None else "")
+        math_functions=[declaration(f) for f in _math_functions(kernels)], gemm=gemm_context)
 
 
 def _math_functions(kernels: Sequence[Dict]) -> List[str]:

@@ -86,9 +86,10 @@ def _writable(root: Path) -> bool:
 def build_ahead(ops: Sequence, out: Path, isas: Iterable[str], jobs: int = 0,
                 report=print) -> List[str]:
     """Build every operator for every ISA (through the cache: `_build_cache`) and copy the
-    entries into `out`; returns the entry names. An operator with fused calls is built twice
-    where SciPy is here: with its BLAS and without (what a process without SciPy renders), so
-    the shipped modules serve both."""
+    entries into `out`; returns the entry names. Where the fused calls run on SciPy's BLAS
+    (OPKIT_GEMM=blas), an operator with fused calls is built twice: with the BLAS and without
+    (what a process without SciPy renders), so the shipped modules serve both; the default
+    generated GEMM needs nothing installed, so one build serves every process."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     isas = tuple(isas)

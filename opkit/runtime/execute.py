@@ -37,7 +37,8 @@ def _instance(dtype: np.dtype) -> Tuple[str, np.dtype]:
     return instance_tag(name), np.dtype(compute_dtype(name))
 
 
-def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.dtype):
+def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.dtype,
+             direct: bool):
     """A fused call as the convolution the C code runs: its ConvProblem, x with its byte
     strides over (N, C, H, W) and dtype code, the weights packed in the compute type, the names of the output's (N, O, OH, OW) axes, and the order the
     result is stored in. A 2-d matmul [M, K] @ [K, C] is the 1 x 1 convolution of an image of
@@ -53,7 +54,9 @@ def _problem(call: LibCall, env: Dict[Value, Array], bound: Bound, compute: np.d
         o, c, kh, kw = wv.shape
         oh, ow = conv_size(sizes[2], kh, s, p), conv_size(sizes[3], kw, s, p)
         nhwc = bound.layout is Layout.NHWC
-        pack = wv.transpose(2, 3, 1, 0).reshape(kh * kw * c, o) if nhwc else wv.reshape(o, -1)
+        # [KH * KW * C, O] for the micro-kernels and BLAS in NHWC, [O, C * KH * KW] for BLAS in NCHW
+        pack = (wv.transpose(2, 3, 1, 0).reshape(kh * kw * c, o) if nhwc or direct
+                else wv.reshape(o, -1))
         conv = ConvProblem(sizes[0], sizes[1], sizes[2], sizes[3], o, kh, kw, oh, ow, s, p, int(nhwc))
         phys = physical(out_dims, bound.layout, True)
         axes = out_dims
@@ -471,7 +474,8 @@ class Executor:
         fn = getattr(st.module, f"{step.name}_{st.tag}", None)
         if fn is None or st.bound.layout not in step.layouts:
             return False
-        problem = _problem(step.call, st.env, st.bound, st.temp_dtype)
+        direct = getattr(st.module, "GEMM", "") == "opkit"  # the generated micro-kernels
+        problem = _problem(step.call, st.env, st.bound, st.temp_dtype, direct)
         if problem is None:
             return False
         conv, x, xs, xcode, wpack, axes, phys = problem
@@ -517,7 +521,7 @@ class Executor:
                           for v in k.outputs)
         sums = np.zeros((len(step.stats), conv.O), np.float64)
         controls = thread_controls()
-        nthreads = fused_threads(conv, setting("num_threads"), all(controls))
+        nthreads = fused_threads(conv, setting("num_threads"), direct or all(controls))
         fn(tuple(conv), x, xs, xcode, wpack, tuple(arrays), tuple(strides), tuple(codes), slot,
            sums, eattrs, sattrs, nthreads, controls, clips)
         count = conv.pixels

@@ -18,7 +18,7 @@ from .precision import apply_mode, quantized_attrs
 from ..codegen import render
 from ..dsl.graph import OpGraphs, build_graphs
 from ..dsl.variants import Variant, pick, variants
-from ..backend import blas
+from ..backend import gemm
 from ..errors import FusionWarning
 from ..lower import Fused, Lowered, Value, lower
 from ..spec.model import OpSpec
@@ -142,10 +142,10 @@ class Op:
         (`opkit show` lists every line, the backward's included)."""
         lowered = self.lowered()
         notes = [str(n) for n in lowered.forward.fusion if not n.fused]
-        if blas() is None:  # the fused steps run their parts one after another
-            notes += [f"Cannot fuse the epilogue of {s.call.prim} ({s.call.loc}): no BLAS backend "
-                      "for fused calls (install SciPy: pip install 'opkit[blas]'); the call and its "
-                      "epilogue run one after another" for s in lowered.forward.steps
+        if gemm() is None:  # the fused steps run their parts one after another
+            notes += [f"Cannot fuse the epilogue of {s.call.prim} ({s.call.loc}): no GEMM backend "
+                      "for fused calls (OPKIT_GEMM=none, or OPKIT_GEMM=blas without SciPy); the "
+                      "call and its epilogue run one after another" for s in lowered.forward.steps
                       if isinstance(s, Fused)]
         return tuple(notes)
 

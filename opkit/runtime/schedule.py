@@ -117,12 +117,12 @@ WHOLE = "nothing in the plan is worth slicing"
 FUSED_MIN_PIXELS = 64
 
 
-def fused_threads(problem: ConvProblem, threads: int, blas_held: bool) -> int:
+def fused_threads(problem: ConvProblem, threads: int, parallel: bool) -> int:
     """The threads a fused convolution runs its blocks on (templates/opkit_conv.h carries it
-    out): every thread the call may use, where the BLAS library can be held to one thread
-    for the call (several GEMMs at once, each on the thread that calls it: backend's
-    thread_controls) and the output has FUSED_MIN_PIXELS or more; else one."""
-    return max(1, threads) if blas_held and problem.pixels >= FUSED_MIN_PIXELS else 1
+    out): every thread the call may use where its GEMMs can run side by side (the generated
+    micro-kernels always; SciPy's BLAS where it can be held to one thread for the call:
+    backend's thread_controls) and the output has FUSED_MIN_PIXELS or more; else one."""
+    return max(1, threads) if parallel and problem.pixels >= FUSED_MIN_PIXELS else 1
 
 
 def plan_facts(plan: Plan) -> PlanFacts:
