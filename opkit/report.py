@@ -143,12 +143,15 @@ def _slices(plan) -> List[str]:
 
 def _fusion(lowered) -> List[str]:
     """What became of every elementwise consumer of a conv2d or matmul result."""
-    from .backend import blas
+    from .backend import gemm
+    from .builder import toolchain
     if not lowered.fusion:
         return []
-    lib = blas()
-    out = ["", "## fusion", "",
-           f"BLAS for fused calls: {lib.describe() if lib else 'none (install SciPy); fused steps run their parts one after another'}"]
+    lib = gemm()
+    what = (lib.describe(toolchain().target.vector_bytes) if lib else
+            "none (OPKIT_GEMM=none, or OPKIT_GEMM=blas without SciPy); fused steps run their "
+            "parts one after another")
+    out = ["", "## fusion", "", f"GEMM for fused calls: {what}"]
     for plan in (lowered.forward, lowered.backward):
         if plan is None:
             continue

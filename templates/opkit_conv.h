@@ -75,17 +75,20 @@ typedef struct {
     double *partials;
     int threads;
     Py_ssize_t rows;                    /* output rows per block (set by opk_conv_plan) */
+    /* the weight gradient (opk_conv_dw_run): the output gradient (N, O, OH, OW) */
+    const char *gy;
+    Py_ssize_t gs[4];
+    int gcode;
 } opk_conv;
 
 static inline Py_ssize_t opk_conv_k(const opk_conv *cv) { return cv->C * cv->KH * cv->KW; }
 
-/* Element (p, o) of a block of P pixels is at p * ps + o * os: pixel-major [P][ld] for the
- * micro-kernels and BLAS in NHWC, channel-major [O][P] for BLAS in NCHW. */
+/* Element (p, o) of a block of P pixels is at p * ps + o * os: pixel-major in NHWC ([P][ld] for
+ * the micro-kernels, [P][O] for BLAS), channel-major [O][P] in NCHW, the output's own order. */
 static inline void opk_conv_block_strides(const opk_conv *cv, Py_ssize_t P, Py_ssize_t *ps,
                                           Py_ssize_t *os)
 {
-    if (cv->gemm == NULL) { *ps = cv->ld; *os = 1; }
-    else if (cv->nhwc) { *ps = cv->O; *os = 1; }
+    if (cv->nhwc) { *ps = cv->gemm == NULL ? cv->ld : cv->O; *os = 1; }
     else { *ps = 1; *os = P; }
 }
 
@@ -163,9 +166,11 @@ static void opk_im2col(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_ssiz
 }
 
 #ifdef OPK_GL_F
+#define OPK_CONV_TGROUP 16
 /* The input rows output rows [oh0, oh0 + rows) of image n read, zero-padded, channels last, in
  * the compute type: [R][Wp][C], R = (rows - 1) * stride + KH, Wp = (OW - 1) * stride + KW, column
- * j being input column j - pad. `tmp` holds one input row of one channel (NCHW's transpose). */
+ * j being input column j - pad. `tmp` holds OPK_CONV_TGROUP channels' input rows (NCHW's
+ * transpose). */
 static void opk_conv_input(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_ssize_t rows,
                            char *xin, char *tmp)
 {
@@ -189,17 +194,23 @@ static void opk_conv_input(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_
         const char *src = xn + ih * cv->xs[2] + (jlo - pad) * cv->xs[3];
         if (packed) {
             opk_load_c(cc, dst + jlo * C * cs, src, C == 1 ? cv->xs[3] : cv->xs[1], cv->xcode, nj * C);
-        } else if (cc == OPK_F64) {
-            double *d = (double *)dst + jlo * C;
-            for (Py_ssize_t c = 0; c < C; c++) {
-                opk_load_c(cc, tmp, src + c * cv->xs[1], cv->xs[3], cv->xcode, nj);
-                for (Py_ssize_t j = 0; j < nj; j++) d[j * C + c] = ((const double *)tmp)[j];
-            }
-        } else {
-            float *d = (float *)dst + jlo * C;
-            for (Py_ssize_t c = 0; c < C; c++) {
-                opk_load_c(cc, tmp, src + c * cv->xs[1], cv->xs[3], cv->xcode, nj);
-                for (Py_ssize_t j = 0; j < nj; j++) d[j * C + c] = ((const float *)tmp)[j];
+        } else {  /* channels apart (NCHW): rows of OPK_CONV_TGROUP channels, then transposed */
+            for (Py_ssize_t c0 = 0; c0 < C; c0 += OPK_CONV_TGROUP) {
+                const Py_ssize_t g = C - c0 < OPK_CONV_TGROUP ? C - c0 : OPK_CONV_TGROUP;
+                for (Py_ssize_t c = 0; c < g; c++)
+                    opk_load_c(cc, tmp + c * nj * cs, src + (c0 + c) * cv->xs[1], cv->xs[3],
+                               cv->xcode, nj);
+                if (cc == OPK_F64) {
+                    double *d = (double *)dst + jlo * C + c0;
+                    const double *t = (const double *)tmp;
+                    for (Py_ssize_t j = 0; j < nj; j++)
+                        for (Py_ssize_t c = 0; c < g; c++) d[j * C + c] = t[c * nj + j];
+                } else {
+                    float *d = (float *)dst + jlo * C + c0;
+                    const float *t = (const float *)tmp;
+                    for (Py_ssize_t j = 0; j < nj; j++)
+                        for (Py_ssize_t c = 0; c < g; c++) d[j * C + c] = t[c * nj + j];
+                }
             }
         }
     }
@@ -229,7 +240,12 @@ static void opk_conv_direct_##tag(const opk_conv *cv, const char *xin, char *res
                 const Py_ssize_t r = (p + i) / OW, ow = (p + i) % OW;                              \
                 a[i] = (const ctype *)xin + (r * s * Wp + ow * s) * C;                             \
             }                                                                                      \
-            opk_ukrs_##tag[nv][m](a, toff, nt, C, b, (ctype *)res + p * cv->ld + o0, cv->ld);      \
+            const Py_ssize_t nr = (Py_ssize_t)nv * (L);                                            \
+            if (cv->nhwc)                                                                          \
+                opk_ukrs_##tag[nv][m](a, toff, nt, C, 1, b, nr, (ctype *)res + p * cv->ld + o0,    \
+                                      cv->ld, 1, 0);                                               \
+            else                                                                                   \
+                opk_ukrs_##tag[nv][m](a, toff, nt, C, 1, b, nr, (ctype *)res + o0 * P + p, 1, P, 0); \
         }                                                                                          \
     }                                                                                              \
 }
@@ -238,13 +254,20 @@ OPK_CONV_DIRECT(d, double, OPK_GL_D, OPK_GNV_D)
 
 /* The weights [K][O] in panels of up to NVMAX vectors of output channels, [panel][K][nr], zeros
  * past O; ld = the padded width. NULL when memory cannot be had. */
+static Py_ssize_t opk_conv_width(const opk_conv *cv)
+{
+    const int dbl = cv->ccode == OPK_F64;
+    const Py_ssize_t L = dbl ? OPK_GL_D : OPK_GL_F, nrmax = L * (dbl ? OPK_GNV_D : OPK_GNV_F);
+    const Py_ssize_t last = cv->O > 0 ? (cv->O - 1) / nrmax * nrmax : 0;
+    return last + opk_cdiv(cv->O - last, L) * L;
+}
+
 static char *opk_conv_panels(opk_conv *cv)
 {
     const int dbl = cv->ccode == OPK_F64;
     const Py_ssize_t L = dbl ? OPK_GL_D : OPK_GL_F, nrmax = L * (dbl ? OPK_GNV_D : OPK_GNV_F);
     const Py_ssize_t cs = OPK_CSIZE(cv->ccode), K = opk_conv_k(cv), O = cv->O;
-    const Py_ssize_t last = O > 0 ? (O - 1) / nrmax * nrmax : 0;
-    cv->ld = last + opk_cdiv(O - last, L) * L;
+    cv->ld = opk_conv_width(cv);
     char *raw = (char *)PyMem_RawMalloc((size_t)(K * cv->ld * cs) + 128);
     if (raw == NULL) return NULL;
     char *wpk = raw + (128 - ((size_t)raw & 63));  /* aligned for vector loads; raw kept before */
@@ -408,7 +431,7 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
     /* the block's result; direct: its padded input rows and one channel's row, else unfolded */
     const Py_ssize_t width = direct ? cv->ld : cv->O;
     const Py_ssize_t incols = direct ? ((cv->rows - 1) * cv->stride + cv->KH) *
-                                       ((cv->OW - 1) * cv->stride + cv->KW) * cv->C + cv->W
+                                       ((cv->OW - 1) * cv->stride + cv->KW) * cv->C + 16 * cv->W
                                      : K * Pmax;
     char *cols = (char *)PyMem_RawMalloc((size_t)(incols * cs) + 64);
     char *res = (char *)PyMem_RawMalloc((size_t)(width * Pmax * cs) + 64);
@@ -425,7 +448,7 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
         const Py_ssize_t rows = cv->OH - oh0 < cv->rows ? cv->OH - oh0 : cv->rows, P = rows * cv->OW;
         if (direct) {
 #ifdef OPK_GL_F
-            char *row = cols + (incols - cv->W) * cs;
+            char *row = cols + (incols - 16 * cv->W) * cs;  /* OPK_CONV_TGROUP rows */
             opk_conv_input(cv, n, oh0, rows, cols, row);
             if (cv->ccode == OPK_F64) opk_conv_direct_d(cv, cols, res, rows);
             else opk_conv_direct_f(cv, cols, res, rows);
@@ -495,5 +518,116 @@ static int opk_conv_run(opk_conv *cv)
     if (cv->wpk) PyMem_RawFree(((char **)cv->wpk)[-1]);
     return failed ? -1 : 0;
 }
+
+#ifdef OPK_GL_F
+/* ---------------------------------------------------------------- the weight gradient */
+
+/* dw[t][c][o] = sum over output pixels p of x's value at channel c under tap t of p's window,
+ * times gy[p][o]: per block of output rows, the input rows as the forward reads them and the
+ * block's gy as [P][O]; register tiles of input channels x output channels run over the block's
+ * pixels (the tap's input column advancing by stride * C per pixel), adding into a partial. */
+#define OPK_CONV_DW(tag, ctype, L, NVMAX)                                                          \
+static void opk_conv_dw_block_##tag(const opk_conv *cv, const char *xin, const char *gblk,        \
+                                    Py_ssize_t rows, char *part)                                   \
+{                                                                                                  \
+    const Py_ssize_t C = cv->C, s = cv->stride, OW = cv->OW, O = cv->O, nrmax = (NVMAX) * (L);    \
+    const Py_ssize_t Wp = (OW - 1) * s + cv->KW;                                                   \
+    Py_ssize_t roff[rows];                                                                         \
+    for (Py_ssize_t r = 0; r < rows; r++) roff[r] = r * s * Wp * C;                                \
+    for (Py_ssize_t t = 0; t < cv->KH * cv->KW; t++) {                                             \
+        const Py_ssize_t tap = ((t / cv->KW) * Wp + t % cv->KW) * C;                               \
+        for (Py_ssize_t o0 = 0; o0 < O; o0 += nrmax) {                                             \
+            const int nv = (int)opk_cdiv(O - o0 < nrmax ? O - o0 : nrmax, (L));                    \
+            int mr = 0;                                                                            \
+            while (mr < OPK_GEMM_MAXROWS && opk_ukrs_##tag[nv][mr + 1] != NULL) mr++;              \
+            for (Py_ssize_t c0 = 0; c0 < C; c0 += mr) {                                            \
+                const int m = C - c0 < mr ? (int)(C - c0) : mr;                                    \
+                const ctype *a[OPK_GEMM_MAXROWS];                                                  \
+                for (int i = 0; i < m; i++) a[i] = (const ctype *)xin + tap + c0 + i;              \
+                opk_ukrs_##tag[nv][m](a, roff, (int)rows, OW, s * C, (const ctype *)gblk + o0, O,  \
+                                      (ctype *)part + (t * C + c0) * cv->ld + o0, cv->ld, 1, 1);   \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+}
+OPK_CONV_DW(f, float, OPK_GL_F, OPK_GNV_F)
+OPK_CONV_DW(d, double, OPK_GL_D, OPK_GNV_D)
+
+/* partial sums of the weight gradient: a fixed number of them whatever the thread count (so the
+ * result does not depend on it), within this many bytes */
+#define OPK_DW_CHUNKS 8
+#define OPK_DW_PARTIAL_BYTES (64 << 20)
+
+/* One chunk of blocks [b0, b1) into its partial [KH*KW*C][ld] (zeroed here); -1: no memory. */
+static int opk_conv_dw_chunk(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1, char *part)
+{
+    const Py_ssize_t cs = OPK_CSIZE(cv->ccode), per_image = opk_cdiv(cv->OH, cv->rows);
+    const Py_ssize_t Pmax = cv->rows * cv->OW, wide = cv->W > cv->OW ? cv->W : cv->OW;
+    const Py_ssize_t xn = ((cv->rows - 1) * cv->stride + cv->KH) *
+                          ((cv->OW - 1) * cv->stride + cv->KW) * cv->C;
+    char *xin = (char *)PyMem_RawMalloc((size_t)(xn * cs) + 64);
+    /* gy's block, with a vector's room past its end: the last panel's loads run over O */
+    char *gblk = (char *)PyMem_RawMalloc((size_t)((Pmax * cv->O + cv->ld) * cs) + 64);
+    char *tmp = (char *)PyMem_RawMalloc((size_t)(OPK_CONV_TGROUP * wide * cs) + 64);
+    int failed = xin == NULL || gblk == NULL || tmp == NULL;
+    opk_conv g = *cv;  /* gy read as an input: O channels, OH x OW, a 1 x 1 window */
+    g.x = cv->gy; g.xcode = cv->gcode; g.C = cv->O; g.H = cv->OH; g.W = cv->OW;
+    g.KH = g.KW = 1; g.stride = 1; g.pad = 0;
+    for (int d = 0; d < 4; d++) g.xs[d] = cv->gs[d];
+    if (!failed) {
+        memset(part, 0, (size_t)(opk_conv_k(cv) * cv->ld * cs));
+        memset(gblk + Pmax * cv->O * cs, 0, (size_t)(cv->ld * cs));
+    }
+    for (Py_ssize_t b = b0; b < b1 && !failed; b++) {
+        const Py_ssize_t n = b / per_image, oh0 = (b % per_image) * cv->rows;
+        const Py_ssize_t rows = cv->OH - oh0 < cv->rows ? cv->OH - oh0 : cv->rows;
+        opk_conv_input(cv, n, oh0, rows, xin, tmp);
+        opk_conv_input(&g, n, oh0, rows, gblk, tmp);
+        if (cv->ccode == OPK_F64) opk_conv_dw_block_d(cv, xin, gblk, rows, part);
+        else opk_conv_dw_block_f(cv, xin, gblk, rows, part);
+    }
+    PyMem_RawFree(xin);
+    PyMem_RawFree(gblk);
+    PyMem_RawFree(tmp);
+    return failed ? -1 : 0;
+}
+
+/* The weight gradient into dw [KH*KW*C][O] (compute type), over `threads` OpenMP threads;
+ * -1: out of memory. */
+static int opk_conv_dw_run(opk_conv *cv, char *dw)
+{
+    const Py_ssize_t cs = OPK_CSIZE(cv->ccode), K = opk_conv_k(cv), O = cv->O;
+    memset(dw, 0, (size_t)(K * O * cs));
+    if (cv->N <= 0 || cv->OH <= 0 || cv->OW <= 0 || O <= 0 || K <= 0) return 0;
+    cv->gemm = NULL;
+    cv->ld = opk_conv_width(cv);
+    const Py_ssize_t nb = opk_conv_plan(cv), each = K * cv->ld * cs;
+    Py_ssize_t nc = OPK_DW_CHUNKS;
+    if (nc > nb) nc = nb;
+    if (nc > OPK_DW_PARTIAL_BYTES / each) nc = OPK_DW_PARTIAL_BYTES / each > 0 ? OPK_DW_PARTIAL_BYTES / each : 1;
+    char *parts = (char *)PyMem_RawMalloc((size_t)(nc * each) + 64);
+    if (parts == NULL) return -1;
+    int nt = cv->threads < 1 ? 1 : cv->threads, failed = 0;
+    if (nt > nc) nt = (int)nc;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(|: failed) if (nt > 1)
+    for (Py_ssize_t c = 0; c < nc; c++)
+        failed |= opk_conv_dw_chunk(cv, nb * c / nc, nb * (c + 1) / nc, parts + c * each);
+    for (Py_ssize_t c = 0; c < nc && !failed; c++) {   /* in chunk order, whatever the threads */
+        for (Py_ssize_t k = 0; k < K; k++) {
+            if (cv->ccode == OPK_F64) {
+                const double *p = (const double *)(parts + c * each) + k * cv->ld;
+                double *d = (double *)dw + k * O;
+                for (Py_ssize_t o = 0; o < O; o++) d[o] += p[o];
+            } else {
+                const float *p = (const float *)(parts + c * each) + k * cv->ld;
+                float *d = (float *)dw + k * O;
+                for (Py_ssize_t o = 0; o < O; o++) d[o] += p[o];
+            }
+        }
+    }
+    PyMem_RawFree(parts);
+    return failed ? -1 : 0;
+}
+#endif
 
 #endif /* OPKIT_CONV_H */

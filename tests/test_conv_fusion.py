@@ -377,3 +377,69 @@ def test_generated_gemm_tiles_panels_and_tails(layout, o, c, stride, k):
                 + b.astype(np.float16)[:, None, None])
             np.testing.assert_allclose(from_layout(y, layout).astype(np.float64), ref,
                                        rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))
+
+
+def conv_grads_numpy(x, w, g, stride, padding):
+    """dx and dw of conv_numpy by the adjoint sums over the explicit windows (float64)."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    oh, ow = g.shape[2:]
+    xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    dxp, dw = np.zeros_like(xp), np.zeros_like(w)
+    for p in range(kh):
+        for q in range(kw):
+            win = (slice(None), slice(None), slice(p, p + stride * oh, stride),
+                   slice(q, q + stride * ow, stride))
+            dw[:, :, p, q] = np.einsum("nohw,nchw->oc", g, xp[win])
+            dxp[win] += np.einsum("nohw,oc->nchw", g, w[:, :, p, q])
+    return dxp[:, :, padding:padding + h, padding:padding + wd], dw
+
+
+@pytest.fixture(scope="module")
+def conv_plain(tmp_path_factory):
+    """y = conv2d(x, w, s, p): its backward is conv2d_dx and conv2d_dw alone."""
+    text = HEAD.replace("name: t", "name: conv_plain").replace(
+        "[float32, float64]", "[float16, float32, float64]") + \
+        "attrs:\n  s: {type: int, default: 1}\n  p: {type: int, default: 0}\n" + \
+        "outputs:\n  y: {}\nforward:\n  y: conv2d(x, w, s, p)\n"
+    (name,) = opkit.load(write_op(tmp_path_factory.mktemp("conv_plain"), text))
+    return opkit.get(name)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("stride,padding,kh,kw", [(1, 1, 3, 3), (1, 0, 3, 3), (1, 2, 3, 3),
+                                                  (2, 1, 4, 4), (1, 1, 3, 2), (1, 0, 1, 1)])
+def test_conv_gradients_run_compiled(conv_plain, monkeypatch, layout, stride, padding, kh, kw):
+    """The weight gradient (any stride) and the stride-1 input gradient of a square kernel run
+    on the module's micro-kernels, the rest in NumPy; both against the adjoint sums, in
+    float64, float32 and float16, on one thread and two (bit for bit the same)."""
+    from opkit.runtime import conv_grads
+    ran = []
+    real = conv_grads.compiled_conv_grad
+
+    def spy(module, prim, *args):
+        out = real(module, prim, *args)
+        ran.append((str(prim), out is not None))
+        return out
+    monkeypatch.setattr(execute, "compiled_conv_grad", spy)
+    op = conv_plain
+    rng = np.random.default_rng(kh * 10 + padding)
+    x, w = rng.standard_normal((2, 5, 9, 10)), rng.standard_normal((7, 5, kh, kw))
+    oh, ow = (9 + 2 * padding - kh) // stride + 1, (10 + 2 * padding - kw) // stride + 1
+    g = rng.standard_normal((2, 7, oh, ow))
+    want_dx, want_dw = conv_grads_numpy(x, w, g, stride, padding)
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-4), (np.float16, 3e-2)):
+        got = []
+        for threads in (1, 2):
+            with opkit.config(num_threads=threads):
+                got.append(op.backward(to_layout(g, layout).astype(dtype), to_layout(x, layout).astype(dtype),
+                                       w.astype(dtype), s=stride, p=padding, layout=layout))
+        for a, b in zip(*got):
+            np.testing.assert_array_equal(a, b)
+        dx, dw = got[0]
+        scale = 1.0 if dtype != np.float16 else 8.0
+        np.testing.assert_allclose(from_layout(dx, layout).astype(np.float64), want_dx,
+                                   rtol=tol, atol=tol * scale)
+        np.testing.assert_allclose(dw.astype(np.float64), want_dw, rtol=tol, atol=tol * scale * 4)
+    assert ("conv2d_dw", True) in ran
+    assert (("conv2d_dx", True) in ran) == (stride == 1 and kh == kw)

@@ -4,7 +4,8 @@ A fused convolution multiplies a block of output pixels' receptive fields by the
 (templates/opkit_conv.h). Its inner step is a register tile: `m` pixels × `nv` vectors of output
 channels, held in `m * nv` accumulator registers over the whole reduction (every kernel tap ×
 every input channel), each step one vector load per channel vector, one broadcast per pixel and
-`m * nv` fused multiply-adds. The tile's shape follows the register file: the largest `m` with
+`m * nv` fused multiply-adds; the tile is stored pixel-major (NHWC blocks) or each lane to its
+channel's row (NCHW blocks). The tile's shape follows the register file: the largest `m` with
 `m * nv` accumulators + `nv` weight vectors + one broadcast in the registers the ISA has, so
 AVX-512 (32 registers of 16 floats) runs 6 pixels × 64 channels and AVX2 (16 of 8) 6 × 16.
 
@@ -51,30 +52,42 @@ def tile_shape(vector_bytes: int, elem: int) -> TileShape:
 
 
 def _kernel(tag: str, ctype: str, m: int, nv: int) -> str:
+    """c[i][0:nv*L] (=, or += with `add`) the sum over taps t and k < K of
+    a[i][toff[t] + k * sa] * b[(t * K + k) * ldb + 0:nv*L], for the tile's m rows."""
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(m)]
+    lanes = f"OPK_GL_{tag.upper()}"
+    vec, vecu = f"opk_gv{tag}", f"opk_gv{tag}u"
     lines = [f"static void opk_ukr_{tag}_{m}x{nv}(const {ctype} *const *a, const Py_ssize_t *toff, "
-             f"int ntaps, Py_ssize_t C, const {ctype} *b, {ctype} *c, Py_ssize_t ldc)",
+             f"int ntaps, Py_ssize_t K, Py_ssize_t sa, const {ctype} *b, Py_ssize_t ldb, "
+             f"{ctype} *c, Py_ssize_t ldc, Py_ssize_t ldo, int add)",
              "{",
              "#if defined(__clang__)",
              "#pragma clang fp contract(fast)",
              "#endif",
-             f"    const Py_ssize_t nr = {nv} * OPK_GL_{tag.upper()};",
-             f"    opk_gv{tag} " + ", ".join(x for row in acc for x in row) + ";"]
-    lines += ["    " + " ".join(f"{x} = (opk_gv{tag}){{0}};" for x in row) for row in acc]
+             f"    {vec} " + ", ".join(x for row in acc for x in row) + ";"]
+    lines += ["    " + " ".join(f"{x} = ({vec}){{0}};" for x in row) for row in acc]
     lines += ["    for (int t = 0; t < ntaps; t++) {"]
     lines += [f"        const {ctype} *a{i} = a[{i}] + toff[t];" for i in range(m)]
-    lines += ["        for (Py_ssize_t k = 0; k < C; k++, b += nr) {"]
-    lines += [f"            const opk_gv{tag} b{v} = *(const opk_gv{tag} *)(b + {v} * OPK_GL_{tag.upper()});"
+    lines += ["        for (Py_ssize_t k = 0; k < K; k++, b += ldb) {"]
+    lines += [f"            const {vec} b{v} = *(const {vecu} *)(b + {v} * {lanes});"
               for v in range(nv)]
     for i in range(m):
-        lines.append(f"            {{ const {ctype} s = a{i}[k]; "
+        lines.append(f"            {{ const {ctype} s = *a{i}; a{i} += sa; "
                      + " ".join(f"{acc[i][v]} += b{v} * s;" for v in range(nv)) + " }")
-    lines += ["        }", "    }"]
+    lines += ["        }", "    }", "    if (ldo == 1) {"]
     for i in range(m):
-        lines.append("    " + " ".join(
-            f"*(opk_gv{tag}u *)(c + {i} * ldc + {v} * OPK_GL_{tag.upper()}) = {acc[i][v]};"
-            for v in range(nv)))
-    lines.append("}")
+        ptrs = [f"({vecu} *)(c + {i} * ldc + {v} * {lanes})" for v in range(nv)]
+        lines.append("        if (add) { " + " ".join(f"{acc[i][v]} += *{ptrs[v]};" for v in range(nv))
+                     + " }")
+        lines.append("        " + " ".join(f"*{ptrs[v]} = {acc[i][v]};" for v in range(nv)))
+    # channel-major blocks (NCHW): each lane to its channel's row
+    lines += ["    } else {",
+              f"        for (int l = 0; l < {lanes}; l++) {{"]
+    for i in range(m):
+        lines.append("            " + " ".join(
+            f"c[{i} * ldc + ({v} * {lanes} + l) * ldo] = {acc[i][v]}[l] + "
+            f"(add ? c[{i} * ldc + ({v} * {lanes} + l) * ldo] : 0);" for v in range(nv)))
+    lines += ["        }", "    }", "}"]
     return "\n".join(lines)
 
 
@@ -106,7 +119,8 @@ def gemm_source(vector_bytes: int) -> str:
                 f"typedef {ctype} opk_gv{tag}u __attribute__((vector_size({shape.lanes * elem}), "
                 f"aligned({elem})));",
                 f"typedef void (*opk_ukr_{tag})(const {ctype} *const *, const Py_ssize_t *, int, "
-                f"Py_ssize_t, const {ctype} *, {ctype} *, Py_ssize_t);"]
+                f"Py_ssize_t, Py_ssize_t, const {ctype} *, Py_ssize_t, {ctype} *, Py_ssize_t, "
+                f"Py_ssize_t, int);"]
         for nv in range(1, shape.max_nv + 1):
             for m in range(1, shape.rows(nv) + 1):
                 out.append(_kernel(tag, ctype, m, nv))

@@ -558,7 +558,12 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     lib = gemm()
     fused = [f for low in [lowered, *(o[2] for o in others)]
              for f in fused_contexts(low, kernels)] if lib is not None else []
-    gemm_context = {} if lib is None or not fused else {
+    # the weight gradient and the stride-1 transposed convolution run on the same micro-kernels
+    conv_grads = lib is not None and lib.name == "opkit" and any(
+        isinstance(s, LibCall) and s.prim in (Op.CONV2D_DX, Op.CONV2D_DW)
+        for low in [lowered, *(o[2] for o in others)]
+        for plan in (low.forward, low.backward) if plan is not None for s in plan.steps)
+    gemm_context = {} if lib is None or not (fused or conv_grads) else {
         "name": lib.name, "describe": _printable(lib.describe(target.vector_bytes)),
         "source": gemm_source(target.vector_bytes) if lib.name == "opkit" else ""}
     reduces = any(isinstance(s, LibCall) and s.prim in COMPILED_REDUCTIONS

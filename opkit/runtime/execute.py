@@ -22,6 +22,7 @@ from ..lower import Attr, Const, Fused, Kernel, Kind, LibCall, Plan, Value, comp
 from .bind import Bound, dtype_name
 from .geometry import geometry, operand_strides, walk_dims
 from .reductions import compiled_reduction
+from .conv_grads import CONV_GRADS, compiled_conv_grad
 from .schedule import (WHOLE, ArrayLayout, ExecSchedule, Settings, execution_schedule,
                        fused_threads, plan_facts, summed_for_outputs)
 from ..abi import ConvProblem
@@ -619,6 +620,14 @@ class Executor:
             if done is not None:
                 self._put(step.result, (done, tuple(n for n in nm if n in step.params[0])), env,
                           out_dtypes, like, clip, compute, final)
+                return
+        if step.prim in CONV_GRADS and module is not None:  # the module's GEMM, where it takes it
+            s, p = conv_ints(*(_number(a, bound) for a in step.args[2:]))
+            grad = compiled_conv_grad(module, step.prim, env[step.args[0]], env[step.args[1]], s, p,
+                                      step.params, bound.sizes, bound.layout, compute,
+                                      setting("num_threads"))
+            if grad is not None:
+                self._put(step.result, grad, env, out_dtypes, like, clip, compute, final)
                 return
         ctx = Context(bound.values, sizes=bound.sizes)
         args = []
