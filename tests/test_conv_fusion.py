@@ -297,14 +297,18 @@ def test_bench_cases_time_the_same_computation(layout):
     fused = fns["opkit"]()
     np.testing.assert_allclose(fused, fns["opkit unfused"](), rtol=1e-4, atol=1e-5)
     if "torch" in fns:
-        want = fns["torch"]().numpy() if layout == "NCHW" else fns["torch"]().permute(0, 2, 3, 1).numpy()
-        np.testing.assert_allclose(fused, want, rtol=1e-4, atol=1e-4)
+        for column in ("torch", "torch CL"):   # a logical NCHW tensor, in either memory order
+            got = fns[column]()
+            want = got.numpy() if layout == "NCHW" else got.permute(0, 2, 3, 1).numpy()
+            np.testing.assert_allclose(fused, want, rtol=1e-4, atol=1e-4)
         fns, _ = conv_bn_train_case((2, 8, 6, 5), 3, layout, np.random.default_rng(0))
-        ours, theirs = fns["opkit"](), fns["torch"]()
-        dx = theirs[0].numpy() if layout == "NCHW" else theirs[0].permute(0, 2, 3, 1).numpy()
-        np.testing.assert_allclose(ours[0], dx, rtol=1e-3, atol=1e-4)
-        for a, b in zip(ours[1:], theirs[1:]):
-            np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=1e-3)
+        ours = fns["opkit"]()
+        for column in ("torch", "torch CL"):
+            theirs = fns[column]()
+            dx = theirs[0].numpy() if layout == "NCHW" else theirs[0].permute(0, 2, 3, 1).numpy()
+            np.testing.assert_allclose(ours[0], dx, rtol=1e-3, atol=1e-4)
+            for a, b in zip(ours[1:], theirs[1:]):
+                np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=1e-3)
 
 
 def test_batch_statistics_of_infinities_are_nan_without_a_warning(monkeypatch):

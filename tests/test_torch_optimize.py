@@ -84,10 +84,10 @@ def test_untraceable_model_says_why():
 
 def test_report_fuses_the_three_chains_and_keeps_the_state_dict(x):
     model = discriminator()
-    opt, report = optimize(model, None, x)
+    opt, report = optimize(model, {"conv": "torch"}, x)
     assert [(e.node, e.fused, e.chain) for e in report] == [
         ("1", True, ("0",)), ("4", True, ("2", "3")), ("7", True, ("5", "6"))]
-    # conv="auto": PyTorch's convolution, opkit's slope; the report says so
+    # conv="torch": PyTorch's convolution, opkit's slope; the report says so
     assert str(report).splitlines() == [
         "1: fused 0 -> LeakyReLU into conv2d + leaky_relu",
         "4: fused 2 -> 3 -> LeakyReLU into conv2d (batch norm folded in) + leaky_relu (training: "
@@ -154,7 +154,7 @@ class Net(nn.Module):
 
 
 def test_every_reason_a_leaky_relu_cannot_fuse():
-    _, report = optimize(Net(), None, torch.randn(2, 3, 8, 8))
+    _, report = optimize(Net(), {"conv": "torch"}, torch.randn(2, 3, 8, 8))
     lines = str(report).splitlines()
     assert len(lines) == len(report) == 11
     expect = {
@@ -394,3 +394,39 @@ def test_the_optimized_model_compiles_to_one_graph_after_eager_calls(conv, eager
     explained = torch._dynamo.explain(opt)(x)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     torch._dynamo.reset()
+
+
+def test_auto_conv_times_both_choices_and_leaves_the_model_as_it_was(monkeypatch):
+    """conv="auto" with an example input: each chain's convolution runs where its measured
+    medians say (report.notes names both), the choice is what the medians say whichever way
+    they go, and measuring changes no running statistic, gradient or mode of the model."""
+    import re
+    from opkit.torch import choose
+    model = with_statistics(discriminator()).train()
+    x = torch.randn(4, 1, 16, 16)
+    model(x).sum().backward()            # gradients the measurement must not touch
+    grads = [p.grad.clone() for p in model.parameters()]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    opt, report = optimize(model, {"conv": "auto"}, x)
+    lines = [n for n in report.notes if n.startswith("conv='auto'")]
+    chains = [m for m in opt.modules() if isinstance(m, FusedConvLeakyReLU)]
+    assert len(lines) == len(chains) == 3
+    for line, m in zip(lines, chains):
+        assert f"for {m.conv_name}:" in line
+        for mode, attr in (("eval", "eval_conv"), ("training", "train_conv")):
+            choice, ours, theirs = re.search(
+                mode + r" (\w+) \(([\d.]+) ms opkit, ([\d.]+) ms torch\)", line).groups()
+            assert choice == getattr(m, attr) == ("torch" if float(theirs) <= float(ours) else "opkit")
+    for entry in report.fused:
+        assert entry.operator == next(m for m in chains if m.conv_name == entry.chain[0]).describe()
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert all(torch.equal(state[k], v) for k, v in opt.state_dict().items() if k in state)
+    assert opt.training and all(m.training for m in opt.modules())
+    # the choice a forced measurement makes is the one the module takes
+    monkeypatch.setattr(choose, "measure", lambda model, m, x, training: {"opkit": 1.0, "torch": 2.0})
+    opt, report = optimize(model, {"conv": "auto"}, x)
+    assert all(m.eval_conv == m.train_conv == "opkit" for m in opt.modules()
+               if isinstance(m, FusedConvLeakyReLU))
+    y, want = opt(x), model(x)
+    assert_rel(y, want, 1e-4)

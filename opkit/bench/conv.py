@@ -81,8 +81,38 @@ def _torch_chain(torch, F, x, wt, g, b, m, v, layout, pad):
     return run
 
 
-def conv_bn_case(shape, k, layout, rng, dtype=np.float32):
-    """The fused operator, PyTorch's chain, the bare convolution, and the unfused chain."""
+def _frozen_chain(torch, x, wt, g, b, m, v, layout, pad):
+    """torch.compile with freezing (batch norm folded into the convolution, oneDNN's
+    convolution with the activation fused) of the chain as a module, channels_last; None where
+    compiling fails."""
+    import torch._inductor.config as inductor
+    c, o, k = wt.shape[1], wt.shape[0], wt.shape[2]
+    model = torch.nn.Sequential(torch.nn.Conv2d(c, o, k, padding=pad, bias=False),
+                                torch.nn.BatchNorm2d(o), torch.nn.LeakyReLU(0.2)).eval()
+    with torch.no_grad():
+        for dst, src in ((model[0].weight, wt), (model[1].weight, g), (model[1].bias, b),
+                         (model[1].running_mean, m), (model[1].running_var, v)):
+            dst.copy_(torch.from_numpy(np.asarray(src, np.float32)))
+    model = model.to(memory_format=torch.channels_last)
+    tx = torch.from_numpy(x)
+    tx = tx.permute(0, 3, 1, 2) if layout == "NHWC" else tx.contiguous(memory_format=torch.channels_last)
+    try:
+        with inductor.patch(freezing=True), torch.no_grad():
+            fn = torch.compile(model)
+            fn(tx)
+            fn(tx)
+    except Exception:  # no working compiler: the column is left out
+        return None
+
+    def run():
+        with torch.no_grad():
+            return fn(tx)
+    return run
+
+
+def conv_bn_case(shape, k, layout, rng, dtype=np.float32, compiled=False):
+    """The fused operator, PyTorch's chain (in x's layout, and channels_last), the bare
+    convolution, the unfused chain and, with `compiled`, torch.compile with freezing."""
     import opkit
     op, leaky = opkit.get("conv2d_bn_leaky_relu"), opkit.get("leaky_relu")
     conv, bn = _helpers()
@@ -97,11 +127,17 @@ def conv_bn_case(shape, k, layout, rng, dtype=np.float32):
     torch, F = torch_modules()
     if torch is not None:
         fns["torch"] = _torch_chain(torch, F, x, wt, g, b, m, v, layout, pad)
+        fns["torch CL"] = fns["torch"] if layout == "NHWC" else _torch_chain(
+            torch, F, np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt, g, b, m, v, "NHWC", pad)
+        frozen = _frozen_chain(torch, x, wt, g, b, m, v, layout, pad) if compiled else None
+        if frozen is not None:
+            fns["torch.compile freezing"] = frozen
     return fns, 2 * x.nbytes
 
 
 def conv_bn_train_case(shape, k, layout, rng, dtype=np.float32):
-    """Training-mode conv + batch norm + LeakyReLU, forward and backward, against autograd."""
+    """Training-mode conv + batch norm + LeakyReLU, forward and backward, against autograd (in
+    x's layout, and channels_last)."""
     import opkit
     op = opkit.get("conv2d_bn_train_leaky_relu")
     x, wt, g, b, _, _ = _inputs(rng, shape, k, layout, dtype)
@@ -116,18 +152,26 @@ def conv_bn_train_case(shape, k, layout, rng, dtype=np.float32):
     fns = {"opkit": opkit_step}
     torch, F = torch_modules()
     if torch is not None:
-        tx = torch.from_numpy(x)
-        tdy = torch.from_numpy(dy)
-        if layout == "NHWC":
-            tx, tdy = tx.permute(0, 3, 1, 2), tdy.permute(0, 3, 1, 2)
-        tw, tg, tb = (torch.from_numpy(a) for a in (wt, g, b))
-        if layout == "NHWC":
-            tw = tw.contiguous(memory_format=torch.channels_last)
-        leaves = [a.detach().requires_grad_() for a in (tx, tw, tg, tb)]
-
-        def torch_step():
-            y = F.leaky_relu(F.batch_norm(F.conv2d(leaves[0], leaves[1], padding=pad), None, None,
-                                          leaves[2], leaves[3], training=True, eps=1e-5), 0.2)
-            return torch.autograd.grad(y, leaves, tdy)
-        fns["torch"] = torch_step
+        fns["torch"] = _autograd_step(torch, F, x, dy, wt, g, b, layout, pad)
+        fns["torch CL"] = fns["torch"] if layout == "NHWC" else _autograd_step(
+            torch, F, *(np.ascontiguousarray(a.transpose(0, 2, 3, 1)) for a in (x, dy)), wt, g, b,
+            "NHWC", pad)
     return fns, 2 * x.nbytes
+
+
+def _autograd_step(torch, F, x, dy, wt, g, b, layout, pad):
+    """PyTorch's training chain, forward and autograd backward, on x's memory."""
+    tx = torch.from_numpy(x)
+    tdy = torch.from_numpy(dy)
+    if layout == "NHWC":
+        tx, tdy = tx.permute(0, 3, 1, 2), tdy.permute(0, 3, 1, 2)
+    tw, tg, tb = (torch.from_numpy(a) for a in (wt, g, b))
+    if layout == "NHWC":
+        tw = tw.contiguous(memory_format=torch.channels_last)
+    leaves = [a.detach().requires_grad_() for a in (tx, tw, tg, tb)]
+
+    def torch_step():
+        y = F.leaky_relu(F.batch_norm(F.conv2d(leaves[0], leaves[1], padding=pad), None, None,
+                                      leaves[2], leaves[3], training=True, eps=1e-5), 0.2)
+        return torch.autograd.grad(y, leaves, tdy)
+    return torch_step

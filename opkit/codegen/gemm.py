@@ -53,12 +53,13 @@ def tile_shape(vector_bytes: int, elem: int) -> TileShape:
 
 def _kernel(tag: str, ctype: str, m: int, nv: int) -> str:
     """c[i][0:nv*L] (=, or += with `add`) the sum over taps t and k < K of
-    a[i][toff[t] + k * sa] * b[(t * K + k) * ldb + 0:nv*L], for the tile's m rows."""
+    a[i][toff[t] + k * sa] * b[boff[t] + k * ldb + 0:nv*L], for the tile's m rows."""
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(m)]
     lanes = f"OPK_GL_{tag.upper()}"
     vec, vecu = f"opk_gv{tag}", f"opk_gv{tag}u"
     lines = [f"static void opk_ukr_{tag}_{m}x{nv}(const {ctype} *const *a, const Py_ssize_t *toff, "
-             f"int ntaps, Py_ssize_t K, Py_ssize_t sa, const {ctype} *b, Py_ssize_t ldb, "
+             f"int ntaps, Py_ssize_t K, Py_ssize_t sa, const {ctype} *b, const Py_ssize_t *boff, "
+             f"Py_ssize_t ldb, "
              f"{ctype} *c, Py_ssize_t ldc, Py_ssize_t ldo, int add)",
              "{",
              "#if defined(__clang__)",
@@ -68,8 +69,9 @@ def _kernel(tag: str, ctype: str, m: int, nv: int) -> str:
     lines += ["    " + " ".join(f"{x} = ({vec}){{0}};" for x in row) for row in acc]
     lines += ["    for (int t = 0; t < ntaps; t++) {"]
     lines += [f"        const {ctype} *a{i} = a[{i}] + toff[t];" for i in range(m)]
-    lines += ["        for (Py_ssize_t k = 0; k < K; k++, b += ldb) {"]
-    lines += [f"            const {vec} b{v} = *(const {vecu} *)(b + {v} * {lanes});"
+    lines += [f"        const {ctype} *bt = b + boff[t];",
+              "        for (Py_ssize_t k = 0; k < K; k++, bt += ldb) {"]
+    lines += [f"            const {vec} b{v} = *(const {vecu} *)(bt + {v} * {lanes});"
               for v in range(nv)]
     for i in range(m):
         lines.append(f"            {{ const {ctype} s = *a{i}; a{i} += sa; "
@@ -119,7 +121,8 @@ def gemm_source(vector_bytes: int) -> str:
                 f"typedef {ctype} opk_gv{tag}u __attribute__((vector_size({shape.lanes * elem}), "
                 f"aligned({elem})));",
                 f"typedef void (*opk_ukr_{tag})(const {ctype} *const *, const Py_ssize_t *, int, "
-                f"Py_ssize_t, Py_ssize_t, const {ctype} *, Py_ssize_t, {ctype} *, Py_ssize_t, "
+                f"Py_ssize_t, Py_ssize_t, const {ctype} *, const Py_ssize_t *, Py_ssize_t, {ctype} *, "
+                f"Py_ssize_t, "
                 f"Py_ssize_t, int);"]
         for nv in range(1, shape.max_nv + 1):
             for m in range(1, shape.rows(nv) + 1):

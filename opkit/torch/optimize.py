@@ -30,9 +30,11 @@ from .calibrate import Change, slopes
 from .fused import CONV_CHOICES, FusedConvLeakyReLU
 
 LAYOUTS = ("NHWC", "NCHW", None)
-# conv: where the convolution of a fused chain runs in eval / in training. "auto" takes what
-# measured faster here (docs/torch.md): PyTorch's conv2d (in eval with the batch norm folded
-# into its weights and bias; in training with PyTorch's batch norm) and opkit's activation
+# conv: where the convolution of a fused chain runs in eval / in training. "auto" with an
+# example input times both on the tensor each chain gets (choose.py) and takes the faster;
+# without one it takes what measured faster on the benchmark shapes (docs/torch.md): PyTorch's
+# conv2d (in eval with the batch norm folded into its weights and bias; in training with
+# PyTorch's batch norm) and opkit's activation
 CONV = ("auto",) + CONV_CHOICES
 AUTO_CONV = {"eval": "torch", "train": "torch"}
 DEFAULTS = {"precision_mode": DEFAULT_PRECISION, "leakyrelu_fusion": True, "alpha_quant": False,
@@ -444,6 +446,18 @@ def _fold_upsampling(gm: fx.GraphModule, report: Report) -> None:
         report.folds.append(Fold(str(node.target), name, r))
 
 
+def _choose_convs(gm: fx.GraphModule, example_input, report: Report) -> None:
+    """conv="auto" with an example: each chain's convolution where it measured faster here."""
+    from .choose import choose
+    inputs = example_input if isinstance(example_input, tuple) else (example_input,)
+    gm.recompile()
+    report.notes += choose(gm, inputs)
+    chains = {m.conv_name: m for m in gm.modules() if isinstance(m, FusedConvLeakyReLU)}
+    for entry in report.fused:
+        if entry.chain and entry.chain[0] in chains:
+            entry.operator = chains[entry.chain[0]].describe()
+
+
 def _conv_choice(config: dict) -> Tuple[str, str]:
     """(eval, training): where a fused chain's convolution runs."""
     if config["conv"] == "auto":
@@ -489,7 +503,9 @@ def optimize(model: nn.Module, config: Optional[dict] = None,
     operators the model then calls: a float32 model under force_fp16 runs them in float16 and
     gets float32 back), leakyrelu_fusion (bool, default True), alpha_quant (bool: every slope
     snapped to m/128), layout ("NHWC", "NCHW" or None: 4-d inputs converted at the entry),
-    conv ("auto", "opkit" or "torch": where a fused chain's convolution runs), fold_upsampling
+    conv ("auto", "opkit" or "torch": where a fused chain's convolution runs; "auto" with an
+    example input times both for each chain and takes the faster, saying so in report.notes),
+    fold_upsampling
     (bool, default True: nearest upsampling before a convolution runs as phase convolutions
     over the image before upsampling).
     example_input (a tensor or a tuple) lets optimize check the memory layout each
@@ -515,6 +531,8 @@ def optimize(model: nn.Module, config: Optional[dict] = None,
     _fuse(gm, config, report)
     if config["fold_upsampling"]:
         _fold_upsampling(gm, report)
+    if config["conv"] == "auto" and example_input is not None:
+        _choose_convs(gm, example_input, report)
     if config["alpha_quant"]:
         _quantize_functions(gm, report)
         called = {n.target for n in gm.graph.nodes if n.op == "call_module"}
