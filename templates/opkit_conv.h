@@ -59,6 +59,7 @@ typedef struct {
     void *gemm;                         /* BLAS sgemm/dgemm; NULL: the generated micro-kernels */
     char *wpk;                          /* direct: the weights in panels (set by opk_conv_run) */
     Py_ssize_t ld;                      /* direct: output channels per block row, panels padded */
+    int cm;                             /* direct NCHW: channel-major tiles (opk_conv_direct) */
     opk_blas_set_fn blas_set;           /* the BLAS library's thread count, or NULL */
     opk_blas_get_fn blas_get;
     /* the epilogue: kernel `epi` over operands `ops` (inputs, then outputs), `slot` the input
@@ -180,8 +181,14 @@ static void opk_conv_input(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_
     const Py_ssize_t jlo = pad < Wp ? pad : Wp, jhi = cv->W + pad < Wp ? cv->W + pad : Wp;
     const Py_ssize_t nj = jhi > jlo ? jhi - jlo : 0;
     /* channels, then pixels, run on in memory: one load per row */
-    const int packed = cv->xs[3] == C * cv->xs[1] || cv->C == 1;
+    const int packed = cv->xs[3] == C * cv->xs[1] || cv->C == 1 || nj <= 1;
     const char *xn = cv->x + n * cv->xs[0];
+    /* unpadded rows that run on in memory (a matmul's matrix, a 1 x 1 window's image): one load */
+    if (pad == 0 && Wp == cv->W && oh0 * s + R <= cv->H && cv->xs[1] != 0 &&
+        (cv->W == 1 || cv->xs[3] == C * cv->xs[1]) && cv->xs[2] == cv->W * C * cv->xs[1]) {
+        opk_load_c(cc, xin, xn + oh0 * s * cv->xs[2], cv->xs[1], cv->xcode, R * Wp * C);
+        return;
+    }
     for (Py_ssize_t r = 0; r < R; r++) {
         char *dst = xin + r * Wp * C * cs;
         const Py_ssize_t ih = oh0 * s - pad + r;
@@ -216,36 +223,89 @@ static void opk_conv_input(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_
     }
 }
 
-/* The block [P][ld] from the padded input rows: register tiles of up to `mr` pixels (a tile
- * may span output rows: each pixel has its own row pointer) by one panel of output channels,
- * panel by panel so each panel's weights stay in cache across the block's pixels. */
+/* opk_conv_input's rows channel-major, [C][R][Wp], for channel-major tiles */
+static void opk_conv_input_cm(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_ssize_t rows,
+                              char *xin)
+{
+    const int cc = cv->ccode;
+    const Py_ssize_t cs = OPK_CSIZE(cc), s = cv->stride, pad = cv->pad;
+    const Py_ssize_t R = (rows - 1) * s + cv->KH, Wp = (cv->OW - 1) * s + cv->KW;
+    const Py_ssize_t jlo = pad < Wp ? pad : Wp, jhi = cv->W + pad < Wp ? cv->W + pad : Wp;
+    const Py_ssize_t nj = jhi > jlo ? jhi - jlo : 0;
+    const char *xn = cv->x + n * cv->xs[0];
+    for (Py_ssize_t c = 0; c < cv->C; c++) {
+        for (Py_ssize_t r = 0; r < R; r++) {
+            char *dst = xin + (c * R + r) * Wp * cs;
+            const Py_ssize_t ih = oh0 * s - pad + r;
+            if (ih < 0 || ih >= cv->H || nj == 0) {
+                memset(dst, 0, (size_t)(Wp * cs));
+                continue;
+            }
+            memset(dst, 0, (size_t)(jlo * cs));
+            memset(dst + jhi * cs, 0, (size_t)((Wp - jhi) * cs));
+            opk_load_c(cc, dst + jlo * cs, xn + c * cv->xs[1] + ih * cv->xs[2] + (jlo - pad) * cv->xs[3],
+                       cv->xs[3], cv->xcode, nj);
+        }
+    }
+}
+
+/* The block's raw result from the padded input rows, on register tiles:
+ *  - pixel-major (NHWC, or NCHW where channel-major tiles do not fit): tiles of up to `mr`
+ *    pixels (each with its own row pointer, so a tile may span output rows) by one panel of
+ *    output channels, panel by panel so a panel's weights stay in cache across the block;
+ *  - channel-major (NCHW, stride 1, output rows a whole number of vectors: cv->cm): tiles of
+ *    output channels by a run of pixels of one output row, the input rows channel-major
+ *    ([C][R][Wp]), the weights [O][KH * KW * C]; stored as the NCHW block [O][P]. */
 #define OPK_CONV_DIRECT(tag, ctype, L, NVMAX)                                                      \
-static void opk_conv_direct_##tag(const opk_conv *cv, const char *xin, char *res, Py_ssize_t rows) \
+static void opk_conv_direct_##tag(const opk_conv *cv, const char *xin, Py_ssize_t hs,             \
+                                  Py_ssize_t ws, char *res, Py_ssize_t rows)                       \
 {                                                                                                  \
     const Py_ssize_t C = cv->C, s = cv->stride, OW = cv->OW, K = opk_conv_k(cv), O = cv->O;        \
     const Py_ssize_t Wp = (OW - 1) * s + cv->KW, P = rows * OW, nrmax = (NVMAX) * (L);             \
-    Py_ssize_t toff[cv->KH * cv->KW];                                                              \
-    int nt = 0;                                                                                    \
-    for (Py_ssize_t kh = 0; kh < cv->KH; kh++)                                                     \
-        for (Py_ssize_t kw = 0; kw < cv->KW; kw++) toff[nt++] = (kh * Wp + kw) * C;                \
+    const Py_ssize_t R = (rows - 1) * s + cv->KH, ntap = cv->KH * cv->KW;                          \
+    Py_ssize_t toff[ntap], boff[ntap];                                                             \
+    const ctype *a[OPK_GEMM_MAXROWS];                                                              \
+    if (cv->cm) {                                                                                  \
+        for (Py_ssize_t t = 0; t < ntap; t++) {                                                    \
+            toff[t] = t * C;                                                                       \
+            boff[t] = (t / cv->KW) * Wp + t % cv->KW;                                              \
+        }                                                                                          \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                    \
+            for (Py_ssize_t ow0 = 0; ow0 < OW; ow0 += nrmax) {                                     \
+                const int nv = (int)((OW - ow0 < nrmax ? OW - ow0 : nrmax) / (L));                 \
+                int mr = 0;                                                                        \
+                while (mr < OPK_GEMM_MAXROWS && opk_ukrs_##tag[nv][mr + 1] != NULL) mr++;          \
+                const ctype *b = (const ctype *)xin + r * Wp + ow0;                                \
+                for (Py_ssize_t o0 = 0; o0 < O; o0 += mr) {                                        \
+                    const int m = O - o0 < mr ? (int)(O - o0) : mr;                                \
+                    for (int i = 0; i < m; i++) a[i] = (const ctype *)cv->wpk + (o0 + i) * K;      \
+                    opk_ukrs_##tag[nv][m](a, toff, (int)ntap, C, 1, b, boff, R * Wp,               \
+                                          (ctype *)res + o0 * P + r * OW + ow0, P, 1, 0);          \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        return;                                                                                    \
+    }                                                                                              \
+    for (Py_ssize_t t = 0; t < ntap; t++) toff[t] = (t / cv->KW) * hs + (t % cv->KW) * ws;        \
     for (Py_ssize_t o0 = 0; o0 < O; o0 += nrmax) {                                                 \
         const int nv = (int)opk_cdiv(O - o0 < nrmax ? O - o0 : nrmax, (L));                        \
+        const Py_ssize_t nr = (Py_ssize_t)nv * (L);                                                \
         int mr = 0;                                                                                \
         while (mr < OPK_GEMM_MAXROWS && opk_ukrs_##tag[nv][mr + 1] != NULL) mr++;                  \
+        for (Py_ssize_t t = 0; t < ntap; t++) boff[t] = t * C * nr;                                \
         const ctype *b = (const ctype *)cv->wpk + K * o0;                                          \
         for (Py_ssize_t p = 0; p < P; p += mr) {                                                   \
             const int m = P - p < mr ? (int)(P - p) : mr;                                          \
-            const ctype *a[OPK_GEMM_MAXROWS];                                                      \
             for (int i = 0; i < m; i++) {                                                          \
                 const Py_ssize_t r = (p + i) / OW, ow = (p + i) % OW;                              \
-                a[i] = (const ctype *)xin + (r * s * Wp + ow * s) * C;                             \
+                a[i] = (const ctype *)xin + r * s * hs + ow * s * ws;                              \
             }                                                                                      \
-            const Py_ssize_t nr = (Py_ssize_t)nv * (L);                                            \
             if (cv->nhwc)                                                                          \
-                opk_ukrs_##tag[nv][m](a, toff, nt, C, 1, b, nr, (ctype *)res + p * cv->ld + o0,    \
-                                      cv->ld, 1, 0);                                               \
+                opk_ukrs_##tag[nv][m](a, toff, (int)ntap, C, 1, b, boff, nr,                       \
+                                      (ctype *)res + p * cv->ld + o0, cv->ld, 1, 0);               \
             else                                                                                   \
-                opk_ukrs_##tag[nv][m](a, toff, nt, C, 1, b, nr, (ctype *)res + o0 * P + p, 1, P, 0); \
+                opk_ukrs_##tag[nv][m](a, toff, (int)ntap, C, 1, b, boff, nr,                       \
+                                      (ctype *)res + o0 * P + p, 1, P, 0);                         \
         }                                                                                          \
     }                                                                                              \
 }
@@ -268,10 +328,17 @@ static char *opk_conv_panels(opk_conv *cv)
     const Py_ssize_t L = dbl ? OPK_GL_D : OPK_GL_F, nrmax = L * (dbl ? OPK_GNV_D : OPK_GNV_F);
     const Py_ssize_t cs = OPK_CSIZE(cv->ccode), K = opk_conv_k(cv), O = cv->O;
     cv->ld = opk_conv_width(cv);
+    cv->cm = !cv->nhwc && cv->stride == 1 && cv->OW % L == 0;
     char *raw = (char *)PyMem_RawMalloc((size_t)(K * cv->ld * cs) + 128);
     if (raw == NULL) return NULL;
     char *wpk = raw + (128 - ((size_t)raw & 63));  /* aligned for vector loads; raw kept before */
     ((char **)wpk)[-1] = raw;
+    if (cv->cm) {  /* [O][K]: a tile's rows are output channels */
+        for (Py_ssize_t o = 0; o < O; o++)
+            for (Py_ssize_t k = 0; k < K; k++)
+                memcpy(wpk + (o * K + k) * cs, cv->wpack + (k * O + o) * cs, (size_t)cs);
+        return wpk;
+    }
     for (Py_ssize_t o0 = 0; o0 < O; o0 += nrmax) {
         const Py_ssize_t w = O - o0 < nrmax ? O - o0 : nrmax, nr = opk_cdiv(w, L) * L;
         for (Py_ssize_t k = 0; k < K; k++) {
@@ -428,6 +495,11 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
     const Py_ssize_t cs = OPK_CSIZE(cv->ccode), K = opk_conv_k(cv);
     const Py_ssize_t per_image = opk_cdiv(cv->OH, cv->rows), Pmax = cv->rows * cv->OW;
     const int direct = cv->gemm == NULL;
+    /* unpadded input in the compute type, channels adjacent: the tiles read it where it is */
+    const int inplace = direct && !cv->cm && cv->pad == 0 && cv->xcode == cv->ccode &&
+                        cv->xs[1] == cs && cv->xs[2] % cs == 0 && cv->xs[3] % cs == 0 &&
+                        (cv->OH - 1) * cv->stride + cv->KH <= cv->H &&
+                        (cv->OW - 1) * cv->stride + cv->KW <= cv->W;
     /* the block's result; direct: its padded input rows and one channel's row, else unfolded */
     const Py_ssize_t width = direct ? cv->ld : cv->O;
     const Py_ssize_t incols = direct ? ((cv->rows - 1) * cv->stride + cv->KH) *
@@ -449,9 +521,19 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
         if (direct) {
 #ifdef OPK_GL_F
             char *row = cols + (incols - 16 * cv->W) * cs;  /* OPK_CONV_TGROUP rows */
-            opk_conv_input(cv, n, oh0, rows, cols, row);
-            if (cv->ccode == OPK_F64) opk_conv_direct_d(cv, cols, res, rows);
-            else opk_conv_direct_f(cv, cols, res, rows);
+            const char *xin = cols;
+            Py_ssize_t hs = ((cv->OW - 1) * cv->stride + cv->KW) * cv->C, ws = cv->C;
+            if (cv->cm) {
+                opk_conv_input_cm(cv, n, oh0, rows, cols);
+            } else if (inplace) {  /* the tiles read x itself */
+                xin = cv->x + n * cv->xs[0] + oh0 * cv->stride * cv->xs[2];
+                hs = cv->xs[2] / cs;
+                ws = cv->xs[3] / cs;
+            } else {
+                opk_conv_input(cv, n, oh0, rows, cols, row);
+            }
+            if (cv->ccode == OPK_F64) opk_conv_direct_d(cv, xin, hs, ws, res, rows);
+            else opk_conv_direct_f(cv, xin, hs, ws, res, rows);
 #endif
         } else {
             opk_im2col(cv, n, oh0, rows, cols);
@@ -461,7 +543,7 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
             const char *v = res;
             if (cv->stat[i] != NULL) {  /* the summand, elementwise from the block */
                 char *p[2] = {res, tmp};
-                cv->stat[i]->tile(width * P, p, cv->stat[i]->ctx);
+                cv->stat[i]->tile((cv->nhwc ? width : cv->O) * P, p, cv->stat[i]->ctx);
                 v = tmp;
             }
             opk_conv_sums(cv, v, P, cv->partials + (b * cv->nstat + i) * cv->O);
@@ -484,6 +566,7 @@ static int opk_conv_run(opk_conv *cv)
     const Py_ssize_t per = cv->nstat * cv->O;
     for (Py_ssize_t i = 0; i < per; i++) cv->sums[i] = 0.0;
     cv->wpk = NULL;
+    cv->cm = 0;
     if (cv->gemm == NULL) {
 #ifdef OPK_GL_F
         if (cv->N > 0 && cv->OH > 0 && cv->OW > 0 && cv->O > 0 && opk_conv_k(cv) > 0 &&
@@ -532,8 +615,11 @@ static void opk_conv_dw_block_##tag(const opk_conv *cv, const char *xin, const c
 {                                                                                                  \
     const Py_ssize_t C = cv->C, s = cv->stride, OW = cv->OW, O = cv->O, nrmax = (NVMAX) * (L);    \
     const Py_ssize_t Wp = (OW - 1) * s + cv->KW;                                                   \
-    Py_ssize_t roff[rows];                                                                         \
-    for (Py_ssize_t r = 0; r < rows; r++) roff[r] = r * s * Wp * C;                                \
+    Py_ssize_t roff[rows], boff[rows];                                                             \
+    for (Py_ssize_t r = 0; r < rows; r++) {                                                        \
+        roff[r] = r * s * Wp * C;                                                                  \
+        boff[r] = r * OW * O;                                                                      \
+    }                                                                                              \
     for (Py_ssize_t t = 0; t < cv->KH * cv->KW; t++) {                                             \
         const Py_ssize_t tap = ((t / cv->KW) * Wp + t % cv->KW) * C;                               \
         for (Py_ssize_t o0 = 0; o0 < O; o0 += nrmax) {                                             \
@@ -544,7 +630,8 @@ static void opk_conv_dw_block_##tag(const opk_conv *cv, const char *xin, const c
                 const int m = C - c0 < mr ? (int)(C - c0) : mr;                                    \
                 const ctype *a[OPK_GEMM_MAXROWS];                                                  \
                 for (int i = 0; i < m; i++) a[i] = (const ctype *)xin + tap + c0 + i;              \
-                opk_ukrs_##tag[nv][m](a, roff, (int)rows, OW, s * C, (const ctype *)gblk + o0, O,  \
+                opk_ukrs_##tag[nv][m](a, roff, (int)rows, OW, s * C, (const ctype *)gblk + o0,     \
+                                      boff, O,                                                     \
                                       (ctype *)part + (t * C + c0) * cv->ld + o0, cv->ld, 1, 1);   \
             }                                                                                      \
         }                                                                                          \
@@ -600,6 +687,7 @@ static int opk_conv_dw_run(opk_conv *cv, char *dw)
     memset(dw, 0, (size_t)(K * O * cs));
     if (cv->N <= 0 || cv->OH <= 0 || cv->OW <= 0 || O <= 0 || K <= 0) return 0;
     cv->gemm = NULL;
+    cv->cm = 0;
     cv->ld = opk_conv_width(cv);
     const Py_ssize_t nb = opk_conv_plan(cv), each = K * cv->ld * cs;
     Py_ssize_t nc = OPK_DW_CHUNKS;

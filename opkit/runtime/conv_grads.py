@@ -1,8 +1,8 @@
 """conv2d's gradients in the module's compiled code, on the generated GEMM micro-kernels
-(templates/opkit_conv.h): the weight gradient for any stride, and the input gradient of a
-stride-1 convolution, which is the convolution of the output gradient with the flipped,
-transposed weights. None where the module cannot take a call (another GEMM backend, a stride
-or padding the transposed form does not cover, an empty problem): the NumPy form runs then."""
+(templates/opkit_conv.h): the weight gradient, and the input gradient as stride-1
+convolutions of the output gradient with the flipped, transposed weights (one per phase of a
+strided convolution). None where the module cannot take a call (another GEMM backend, an
+empty problem): the NumPy form runs then."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
@@ -61,28 +61,62 @@ def _weight_grad(module, xa: Array, ga: Array, s: int, p: int, params, sizes, la
     return dw.reshape(kh, kw, c, o).transpose(3, 2, 0, 1), tuple(w_dims)
 
 
+def _phases(size: int, k: int, s: int, p: int, n_in: int):
+    """Per output phase r (positions r, r + s, ... of the gradient's `size`): how many
+    positions, the first tap kh0 and the tap count j of its sub-kernel (taps kh0, kh0 + s, ...),
+    and the gradient rows it starts at before the first (its left padding; negative: rows to
+    skip)."""
+    out = []
+    for r in range(s):
+        count = len(range(r, size, s))
+        kh0 = (r + p) % s
+        j = len(range(kh0, k, s))
+        q = (r + p - kh0) // s
+        out.append((r, count, kh0, j, j - 1 - q))
+    return out
+
+
 def _input_grad(module, ga: Array, wa: Array, s: int, p: int, params, sizes, layout: Layout,
                 compute: np.dtype, threads: int) -> Optional[Array]:
+    """The transposed convolution as s x s stride-1 convolutions, one per phase of x's rows
+    and columns: phase (r, c) takes the taps that land on it, flipped and transposed, over the
+    output gradient, and writes x's positions (r + s i, c + s j)."""
     g_dims, w_dims, x_dims = params
-    (n, o, oh, ow), gs = _logical(*ga, g_dims)
+    g = named.expand_to(ga[0], ga[1], g_dims)
     wl = named.expand_to(wa[0], wa[1], w_dims)
-    if wl.ndim != 4 or wl.shape[0] != o:
+    if g.ndim != 4 or wl.ndim != 4 or wl.shape[0] != g.shape[1]:
         return None
+    n, o, oh, ow = g.shape
     _, c, kh, kw = wl.shape
     h, wd = sizes[x_dims[2]], sizes[x_dims[3]]
-    # the transposed convolution of stride 1 is a convolution padded by k - 1 - p on each side
-    if s != 1 or kh != kw or p > kh - 1 or (oh, ow) != (conv_size(h, kh, 1, p), conv_size(wd, kw, 1, p)):
+    if (oh, ow) != (conv_size(h, kh, s, p), conv_size(wd, kw, s, p)) or 0 in (n, c, o, h, wd):
         return None
-    conv = ConvProblem(n, o, oh, ow, c, kh, kw, h, wd, 1, kh - 1 - p, int(layout is Layout.NHWC))
-    if conv.empty:
-        return None
-    # w'[c, o, i, j] = w[o, c, kh-1-i, kw-1-j], packed [KH * KW * O, C] as a forward's weights
-    pack = np.ascontiguousarray(wl[:, :, ::-1, ::-1].transpose(2, 3, 0, 1).reshape(kh * kw * o, c),
-                                dtype=compute)
     nhwc = layout is Layout.NHWC
     out = np.empty((n, h, wd, c) if nhwc else (n, c, h, wd), compute)
     phys = (x_dims[0], x_dims[2], x_dims[3], x_dims[1]) if nhwc else tuple(x_dims)
-    ostrides = tuple(out.strides[phys.index(d)] for d in x_dims)
-    module.conv_raw(tuple(conv), ga[0], gs, _code(ga[0]), pack, out, ostrides,
-                    DTYPE_CODES[dtype_name(out.dtype)], fused_threads(conv, threads, True))
+    dx = out.transpose(0, 3, 1, 2) if nhwc else out           # logical (N, C, H, W)
+    gcode = _code(g)
+    for r, rows, kh0, jh, lh in _phases(h, kh, s, p, oh):
+        for q, cols, kw0, jw, lw in _phases(wd, kw, s, p, ow):
+            part = dx[:, :, r::s, q::s]
+            if rows == 0 or cols == 0:
+                continue
+            if jh == 0 or jw == 0:  # no tap lands here
+                part[...] = 0
+                continue
+            src = g[:, :, max(0, -lh):, max(0, -lw):]
+            ph, pw = max(lh, 0), max(lw, 0)
+            if ph != pw:  # one padding for both axes: the larger one's excess padded here
+                extra = abs(ph - pw)
+                src = np.pad(src, ((0, 0), (0, 0), (extra if ph > pw else 0, 0),
+                                   (extra if pw > ph else 0, 0)))
+            pad = min(ph, pw)
+            sub = wl[:, :, kh0::s, kw0::s][:, :, ::-1, ::-1]          # (O, C, jh, jw), flipped
+            pack = np.ascontiguousarray(sub.transpose(2, 3, 0, 1).reshape(jh * jw * o, c),
+                                        dtype=compute)
+            conv = ConvProblem(n, o, src.shape[2], src.shape[3], c, jh, jw, rows, cols, 1, pad,
+                               int(nhwc))
+            module.conv_raw(tuple(conv), src, tuple(src.strides), gcode, pack,
+                            part, tuple(part.strides), DTYPE_CODES[dtype_name(out.dtype)],
+                            fused_threads(conv, threads, True))
     return out, phys
