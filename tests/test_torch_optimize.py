@@ -124,8 +124,8 @@ class Net(nn.Module):
         self.act_two = nn.LeakyReLU(0.2)
         self.linear = nn.Linear(4, 4)
         self.act_linear = nn.LeakyReLU(0.2)
-        self.up = nn.ConvTranspose2d(3, 4, 2, stride=2)
-        self.bn_up = nn.BatchNorm2d(4)
+        self.up = nn.AvgPool2d(1)
+        self.bn_up = nn.BatchNorm2d(3)
         self.act_up = nn.LeakyReLU(0.2)
         self.conv_groups = nn.Conv2d(4, 4, 3, padding=1, groups=2)
         self.act_groups = nn.LeakyReLU(0.2)
@@ -166,7 +166,7 @@ def test_every_reason_a_leaky_relu_cannot_fuse():
                                 "the LeakyReLU"),
         "act_linear": ("linear", "the preceding op is not a convolution or batch norm (Linear)"),
         "act_up": ("bn_up", "the preceding op is a batch norm whose input is not a convolution "
-                            "(ConvTranspose2d)"),
+                            "(AvgPool2d)"),
         "act_groups": ("conv_groups", "unsupported convolution: groups=2 (the fused operators "
                                       "take groups=1)"),
         "act_dil": ("conv_dil", "unsupported convolution: dilation=(2, 2) (the fused operators "
@@ -430,3 +430,36 @@ def test_auto_conv_times_both_choices_and_leaves_the_model_as_it_was(monkeypatch
                if isinstance(m, FusedConvLeakyReLU))
     y, want = opt(x), model(x)
     assert_rel(y, want, 1e-4)
+
+
+@pytest.mark.parametrize("bias,stride,padding,output_padding", [(False, 1, 0, 0), (True, 2, 1, 1)])
+def test_a_transposed_convolution_chain_fuses_and_matches(bias, stride, padding, output_padding):
+    """ConvTranspose2d -> BatchNorm2d -> LeakyReLU (a DCGAN generator's stem) runs as one
+    chain: PyTorch's transposed convolution with the batch norm folded in and opkit's slope in
+    eval, with the batch norm in training, whatever conv asks for; outputs, gradients and running
+    statistics as the original's."""
+    torch.manual_seed(0)
+    model = with_statistics(nn.Sequential(
+        nn.ConvTranspose2d(6, 5, 4, stride, padding, output_padding, bias=bias),
+        nn.BatchNorm2d(5), nn.LeakyReLU(0.2)))
+    x = torch.randn(3, 6, 4, 4)
+    for conv in ("auto", "opkit", "torch"):
+        ref = copy.deepcopy(model)
+        opt, report = optimize(copy.deepcopy(model), {"conv": conv}, x)
+        assert [e.fused for e in report] == [True]
+        assert report[0].operator == ("conv_transpose2d (batch norm folded in) + leaky_relu "
+                                      "(training: conv_transpose2d + batch_norm + leaky_relu)")
+        ref.eval(), opt.eval()
+        with torch.no_grad():
+            assert_rel(opt(x), ref(x), 1e-5)
+        ref.train(), opt.train()
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = opt(xa), ref(xb)
+        assert_rel(ya, yb, 1e-5)
+        g = torch.randn_like(yb)
+        ya.backward(g), yb.backward(g)
+        assert_rel(xa.grad, xb.grad, 1e-5)
+        for (name, p), q in zip(opt.named_parameters(), ref.parameters()):
+            assert_rel(p.grad, q.grad, 1e-5)
+        for (name, b), c in zip(opt.named_buffers(), ref.buffers()):
+            assert torch.allclose(b.float(), c.float(), rtol=1e-5, atol=1e-6), name

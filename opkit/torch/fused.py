@@ -51,7 +51,7 @@ class FusedConvLeakyReLU(nn.Module):
     With conv="torch" for a mode, PyTorch's conv2d runs the convolution and opkit the rest.
     """
 
-    def __init__(self, conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], alpha: float,
+    def __init__(self, conv: nn.Module, bn: Optional[nn.BatchNorm2d], alpha: float,
                  stride: int, padding: int, names=("", None), precision_mode: str = DEFAULT_PRECISION,
                  eval_conv: str = "opkit", train_conv: str = "opkit"):
         super().__init__()
@@ -62,6 +62,11 @@ class FusedConvLeakyReLU(nn.Module):
         self.stride, self.padding = int(stride), int(padding)
         self.conv_name, self.bn_name = names
         self.precision_mode = precision_mode
+        # ConvTranspose2d (a DCGAN generator's stem): PyTorch's transposed convolution with
+        # the batch norm folded in and opkit's slope; opkit has no fused operator for it
+        self.transposed = isinstance(conv, nn.ConvTranspose2d)
+        if self.transposed:
+            eval_conv = train_conv = "torch"
         self.eval_conv, self.train_conv = eval_conv, train_conv
         self.up, self.plan = 1, None
         self._cache = None  # (versions of the parameters, the eval convolution's weights)
@@ -89,10 +94,11 @@ class FusedConvLeakyReLU(nn.Module):
     def runs(self, training: bool) -> str:
         """What a call in training or in eval runs, in words for reports."""
         if (self.train_conv if training else self.eval_conv) == "torch":
+            conv = "conv_transpose2d" if self.transposed else "conv2d"
             if self._bn is None:
-                return "conv2d + leaky_relu"
-            return "conv2d + batch_norm + leaky_relu" if training else \
-                "conv2d (batch norm folded in) + leaky_relu"
+                return f"{conv} + leaky_relu"
+            return f"{conv} + batch_norm + leaky_relu" if training else \
+                f"{conv} (batch norm folded in) + leaky_relu"
         if self._bn is None:
             return "conv2d_bias_leaky_relu"
         return "conv2d_bn_train_leaky_relu" if training else "conv2d_bn_leaky_relu"
@@ -170,11 +176,11 @@ class FusedConvLeakyReLU(nn.Module):
             then = lambda z: call_("leaky_relu", z, alpha=self.alpha)  # noqa: E731
             if self.plan is not None:
                 return self.plan.convolve(x, None, None, then, params=(w, shift))
-            return then(F.conv2d(x, w, shift, self.stride, self.padding))
+            return then(self._raw(x, w, shift))
         w, shift = self._folded(x)
         if self.up > 1:
             return self._run("leaky_relu", self._conv2d(x, w, shift.to(w.dtype)), alpha=self.alpha)
-        z = F.conv2d(x, w, None, self.stride, self.padding)
+        z = self._raw(x, w, None)
         return self._run("fused_bias_leaky_relu", z, shift, alpha=self.alpha, gain=1.0)
 
     def _eval_params(self, x: torch.Tensor, fmt):
@@ -190,7 +196,8 @@ class FusedConvLeakyReLU(nn.Module):
         if bn is not None:
             gamma, beta = self._affine(bn.running_mean)
             scale = gamma / torch.sqrt(bn.running_var + bn.eps)
-            w = w * scale.reshape(-1, 1, 1, 1)
+            # output channels: the first dim of a convolution's weights, the second of a transposed one's
+            w = w * (scale.reshape(1, -1, 1, 1) if self.transposed else scale.reshape(-1, 1, 1, 1))
             shift = beta + (shift - bn.running_mean) * scale
         return w, shift
 
@@ -199,8 +206,16 @@ class FusedConvLeakyReLU(nn.Module):
         in-place elementwise op over the result."""
         if self.plan is not None:
             return self.plan.convolve(x, w, b, then)
-        z = F.conv2d(x, w, b, self.stride, self.padding)
+        z = self._raw(x, w, b)
         return then(z) if then is not None else z
+
+    def _raw(self, x, w, b):
+        """PyTorch's convolution (or transposed convolution) of x with these weights."""
+        if self.transposed:
+            c = self._conv
+            return F.conv_transpose2d(x, w, b, c.stride, c.padding, c.output_padding, c.groups,
+                                      c.dilation)
+        return F.conv2d(x, w, b, self.stride, self.padding)
 
     def _update(self, y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> None:
         """The running statistics, as nn.BatchNorm2d updates them in training."""

@@ -201,8 +201,11 @@ def _pair(v) -> Tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _conv_problem(conv: nn.Conv2d) -> Optional[str]:
-    """Why the fused operators cannot run this convolution (None: they can)."""
+def _conv_problem(conv: nn.Module) -> Optional[str]:
+    """Why the fused operators cannot run this convolution (None: they can). A transposed
+    convolution's chain always runs PyTorch's transposed convolution (fused.py): any one fuses."""
+    if isinstance(conv, nn.ConvTranspose2d):
+        return None
     if conv.groups != 1:
         return f"unsupported convolution: groups={conv.groups} (the fused operators take groups=1)"
     if _pair(conv.dilation) != (1, 1):
@@ -321,7 +324,7 @@ def _kind(node: fx.Node, modules) -> Optional[str]:
     if node.op != "call_module":
         return None
     m = modules[node.target]
-    if isinstance(m, nn.Conv2d):
+    if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
         return "conv"
     if isinstance(m, nn.BatchNorm2d):
         return "bn"
@@ -368,7 +371,8 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
     for m in modules.values():  # fused before (an optimized model optimized again): the new config
         if isinstance(m, FusedConvLeakyReLU):
             m.precision_mode = config["precision_mode"]
-            m.eval_conv, m.train_conv = _conv_choice(config)
+            if not m.transposed:
+                m.eval_conv, m.train_conv = _conv_choice(config)
     for node in list(gm.graph.nodes):
         found = _leaky_alpha(node, modules)
         if found is None:
