@@ -76,6 +76,7 @@ class Op(_Name):
     CONV2D = "conv2d"
     CONV2D_DX = "conv2d_dx"
     CONV2D_DW = "conv2d_dw"
+    CONV_TRANSPOSE2D = "conv_transpose2d"
 
 
 class ValueKind(_Name):

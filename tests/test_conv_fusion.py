@@ -449,3 +449,76 @@ def test_conv_gradients_run_compiled(conv_plain, monkeypatch, layout, stride, pa
         np.testing.assert_allclose(dw.astype(np.float64), want_dw, rtol=tol, atol=tol * scale * 4)
     assert ("conv2d_dw", True) in ran and ("conv2d_dx", True) in ran
     assert all(ok for _, ok in ran)
+
+
+@pytest.fixture(scope="module")
+def conv_transposed(tmp_path_factory):
+    """y = conv_transpose2d(x, w, s, p) + b[O] (a generator's stem, as ConvTranspose2d)."""
+    text = """name: conv_transposed
+inputs:
+  x: {dtypes: [float16, float32, float64], layouts: [NCHW, NHWC]}
+  w: {dtypes: [float16, float32, float64], shape: [C, O, KH, KW]}
+  b: {dtypes: [float16, float32, float64], shape: [O]}
+attrs:
+  s: {type: int, default: 1}
+  p: {type: int, default: 0}
+outputs:
+  y: {}
+forward:
+  y: conv_transpose2d(x, w, s, p) + b
+"""
+    (name,) = opkit.load(write_op(tmp_path_factory.mktemp("conv_transposed"), text))
+    return opkit.get(name)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("stride,padding,k", [(1, 0, 4), (2, 1, 4), (2, 0, 3), (3, 1, 2)])
+def test_conv_transpose2d_is_the_adjoint_of_conv2d(conv_transposed, monkeypatch, layout, stride,
+                                                  padding, k):
+    """<conv_transpose2d(x, w), y> = <x, conv2d(y, w)> for the direct sums of conv_numpy, and
+    its backward against finite differences of that identity: dx = conv2d(dy, w), dw the
+    correlation; float64, float32 and float16; compiled (the phase convolutions) throughout."""
+    from opkit.runtime import conv_grads
+    ran = []
+    real = conv_grads.compiled_conv_grad
+    monkeypatch.setattr(execute, "compiled_conv_grad",
+                        lambda module, prim, *a: ran.append(prim) or real(module, prim, *a))
+    rng = np.random.default_rng(stride * 10 + k)
+    x, w, b = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((3, 6, k, k)), rng.standard_normal(6)
+    th, tw = (5 - 1) * stride - 2 * padding + k, (4 - 1) * stride - 2 * padding + k
+    g = rng.standard_normal((2, 6, th, tw))
+    conv_of_g = conv_numpy(g, w, stride, padding)            # conv2d(g, w): [2, 3, 5, 4]
+    assert conv_of_g.shape == x.shape
+    for dtype, tol in ((np.float64, 1e-11), (np.float32, 1e-4), (np.float16, 3e-2)):
+        xd, wd, bd = x.astype(dtype), w.astype(dtype), b.astype(dtype)
+        y = conv_transposed(to_layout(xd, layout), wd, bd, s=stride, p=padding, layout=layout)
+        y = from_layout(y, layout).astype(np.float64)
+        assert y.shape == g.shape
+        xe, we = xd.astype(np.float64), wd.astype(np.float64)
+        lhs = np.sum((y - bd.astype(np.float64)[:, None, None]) * g)
+        rhs = np.sum(xe * conv_numpy(g, we, stride, padding))
+        assert abs(lhs - rhs) <= tol * max(1.0, np.abs(y).sum() * np.abs(g).max()), (dtype, lhs, rhs)
+        dx, dw, db = conv_transposed.backward(to_layout(g.astype(dtype), layout), to_layout(xd, layout),
+                                              wd, bd, s=stride, p=padding, layout=layout)
+        scale = max(1.0, np.abs(conv_of_g).max())
+        np.testing.assert_allclose(from_layout(dx, layout).astype(np.float64),
+                                   conv_numpy(g.astype(dtype).astype(np.float64), we, stride, padding),
+                                   rtol=tol, atol=tol * scale)
+        # y = conv2d's input gradient of x: dw is the correlation of dy (as the input) with x
+        want_dw = conv_grads_numpy(g.astype(dtype).astype(np.float64), we, xe, stride, padding)[1]
+        np.testing.assert_allclose(dw.astype(np.float64), want_dw, rtol=tol,
+                                   atol=tol * max(1.0, np.abs(want_dw).max()))
+        np.testing.assert_allclose(db.astype(np.float64), g.astype(dtype).astype(np.float64).sum((0, 2, 3)),
+                                   rtol=tol, atol=tol * 10)
+    assert "conv_transpose2d" in ran and "conv2d_dw" in ran   # the module's kernels ran them
+
+
+def test_conv_transpose2d_matches_torch(conv_transposed):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x, w, b = rng.standard_normal((2, 4, 3, 5)), rng.standard_normal((4, 5, 4, 4)), rng.standard_normal(5)
+    for layout in ("NCHW", "NHWC"):
+        y = conv_transposed(to_layout(x, layout), w, b, s=2, p=1, layout=layout)
+        want = torch.nn.functional.conv_transpose2d(torch.from_numpy(x), torch.from_numpy(w),
+                                                    torch.from_numpy(b), 2, 1).numpy()
+        np.testing.assert_allclose(from_layout(y, layout), want, rtol=1e-12, atol=1e-12)

@@ -285,3 +285,33 @@ def test_a_convolution_fixes_its_stride_and_padding():
     assert attrs["strides"] == [2, 2] and attrs["pads"] == [1, 1, 1, 1]
     props = {p.key: p.value for p in model.metadata_props}
     assert props["fixed attrs"] == "stride=2, padding=1"
+
+
+def test_conv_transpose2d_exports_as_conv_transpose(tmp_path):
+    """conv_transpose2d becomes ONNX's ConvTranspose; forward and backward (conv2d and the
+    weight correlation) against the float64 reference, in float32 (onnxruntime's CPU provider
+    has no float64 ConvTranspose)."""
+    from conftest import write_op
+    text = """name: conv_transposed_onnx
+inputs:
+  x: {dtypes: [float32], layouts: [NCHW, NHWC]}
+  w: {dtypes: [float32], shape: [C, O, KH, KW]}
+attrs:
+  s: {type: int, default: 2}
+  p: {type: int, default: 1}
+outputs:
+  y: {}
+forward:
+  y: conv_transpose2d(x, w, s, p)
+"""
+    (name,) = opkit.load(write_op(tmp_path, text))
+    op = opkit.get(name)
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 5, 4), (3, 4, 4, 4))]
+    (want,) = reference(op, args)
+    dy = rng.standard_normal(want.shape).astype(np.float32)
+    (got,) = run(export(op, None, args), {"x": args[0], "w": args[1]})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    got = run(export(op, None, args, backward=True), {"x": args[0], "w": args[1], "dy": dy})
+    for g, w in zip(got, reference(op, args, backward=True, dy=[dy])):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)

@@ -814,7 +814,7 @@ def test_unknown_function():
     text = forward_text("gelu(x)")
     err = dsl_error(text)
     check(err, line_of(text, "gelu"), "forward.y: unknown function 'gelu'; the functions are: "
-          "abs, amax, amin, ceil, clamp, conv2d, cos, erf, erfc, exp, expm1, fft_down, fft_up, "
+          "abs, amax, amin, ceil, clamp, conv2d, conv_transpose2d, cos, erf, erfc, exp, expm1, fft_down, fft_up, "
           "floor, isinf, isnan, log, log1p, logsumexp, matmul, max, maximum, mean, min, minimum, "
           "pow, round, sigmoid, sign, sin, softplus, sqrt, sum, tanh, where", col=col_of(text, "gelu"))
     assert caret(err) == ("gelu(x)", 0)

@@ -560,7 +560,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
              for f in fused_contexts(low, kernels)] if lib is not None else []
     # the weight gradient and the stride-1 transposed convolution run on the same micro-kernels
     conv_grads = lib is not None and lib.name == "opkit" and any(
-        isinstance(s, LibCall) and s.prim in (Op.CONV2D_DX, Op.CONV2D_DW)
+        isinstance(s, LibCall) and s.prim in (Op.CONV2D_DX, Op.CONV2D_DW, Op.CONV_TRANSPOSE2D)
         for low in [lowered, *(o[2] for o in others)]
         for plan in (low.forward, low.backward) if plan is not None for s in plan.steps)
     gemm_context = {} if lib is None or not (fused or conv_grads) else {

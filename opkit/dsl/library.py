@@ -649,6 +649,55 @@ register(LibraryPrimitive(Op.CONV2D_DW, _run_conv2d_dw, _conv2d_dw_vjp,
                           scalar_args=(2, 3), format=_conv_format("conv2d_dw")))
 
 
+# conv_transpose2d(x, w, stride, padding): PyTorch's transposed convolution, x [N, C, H, W], w
+# [C, O, KH, KW] (ConvTranspose2d's order), the result [N, O, TH, TW] with
+# TH = (H - 1) * stride - 2 * padding + KH: conv2d's gradient with respect to its input, with x
+# as that gradient and w as the convolution's weights. Its derivatives are conv2d's.
+
+def transposed_size(n: int, k: int, stride: int, padding: int) -> int:
+    return (n - 1) * stride - 2 * padding + k
+
+
+def _run_conv_transpose2d(ctx: Context, args, params):
+    xv, wv, stride, padding = args
+    x_dims, w_dims, out_dims = params
+    x, w = _logical(xv, x_dims), _logical(wv, w_dims)
+    s, p = conv_ints(stride[0], padding[0])
+    out = conv2d_dx_ref(x, w, s, p, ctx.size(out_dims[2]), ctx.size(out_dims[3]),
+                        _conv_dtype(ctx, x, w))
+    return out, out_dims
+
+
+def _conv_transpose2d_vjp(g, out, x, w, stride, padding):
+    # y = conv2d_dx(x, w): dx is the convolution of dy, dw the correlation of dy with x
+    x_dims, w_dims, out_dims = out.params
+    dx = Node(Op.CONV2D, (g, w, stride, padding), (out_dims, w_dims, x_dims), ValueKind.FLOAT, x_dims)
+    dw = Node(Op.CONV2D_DW, (g, x, stride, padding), (out_dims, x_dims, w_dims), ValueKind.FLOAT, w_dims)
+    return (dx, dw, None, None)
+
+
+def _transposed_sizes(node: Node, sizes: Dict[str, int], value_of) -> Dict[str, int]:
+    x_dims, w_dims, out_dims = node.params
+    s, p = conv_ints(value_of(node.args[2]), value_of(node.args[3]))
+    out = {}
+    for axis, (d, k) in enumerate(((x_dims[2], w_dims[2]), (x_dims[3], w_dims[3]))):
+        if d not in sizes or k not in sizes:
+            continue
+        size = transposed_size(sizes[d], sizes[k], s, p)
+        if size < 1:
+            raise ValueError(f"conv_transpose2d: the padding removes the whole output along {d}: "
+                             f"({d} - 1) * stride + {k} - 2 * padding = {size} with {d} = "
+                             f"{sizes[d]}, {k} = {sizes[k]}, stride {s}, padding {p}")
+        out[out_dims[2 + axis]] = size
+    return out
+
+
+register(LibraryPrimitive(Op.CONV_TRANSPOSE2D, _run_conv_transpose2d, _conv_transpose2d_vjp,
+                          "2-d transposed convolution of x[N, C, H, W] with w[C, O, KH, KW]",
+                          scalar_args=(2, 3), format=_conv_format("conv_transpose2d"),
+                          sizes=_transposed_sizes))
+
+
 def _whole(value: Node, what: str, low: int) -> None:
     if value.is_const and not (float(value.value).is_integer() and value.value >= low):
         raise ValueError(f"conv2d: {what} must be a whole number >= {low}, got {value.value:g}")
@@ -673,3 +722,26 @@ def conv2d(x: Node, w: Node, stride: Node, padding: Node) -> Node:
         raise ValueError(f"conv2d: the result's dims would be [{', '.join(out)}], which repeats or "
                          "reuses a dim name of x or the weights; rename the weights' dims")
     return Node(Op.CONV2D, (x, w, stride, padding), (x.dims, w.dims, out), ValueKind.FLOAT, out)
+
+
+def conv_transpose2d(x: Node, w: Node, stride: Node, padding: Node) -> Node:
+    """conv_transpose2d(x, w, stride, padding) of the expression language."""
+    if x.dims is None or len(x.dims) != 4:
+        raise ValueError("conv_transpose2d needs x with the 4 dims N, C, H, W: declare it with "
+                         "layouts: [NCHW, NHWC]")
+    if w.dims is None or len(w.dims) != 4:
+        raise ValueError("conv_transpose2d needs weights declared with shape: [C, O, KH, KW] "
+                         "(ConvTranspose2d's order)")
+    if w.dims[0] != x.dims[1]:
+        raise ValueError(f"conv_transpose2d: the first dim of the weights ({w.dims[0]}) must be "
+                         f"the channel dim of x ({x.dims[1]}): declare the weights with shape: "
+                         f"[{x.dims[1]}, O, KH, KW]")
+    _whole(stride, "stride", 1)
+    _whole(padding, "padding", 0)
+    out = (x.dims[0], w.dims[1], "T" + x.dims[2], "T" + x.dims[3])
+    clash = [d for d in out[1:] if out.count(d) > 1 or (d in x.dims + w.dims and d != w.dims[1])]
+    if clash or w.dims[1] in (x.dims[0], x.dims[2], x.dims[3]):
+        raise ValueError(f"conv_transpose2d: the result's dims would be [{', '.join(out)}], which "
+                         "repeats or reuses a dim name of x or the weights; rename the weights' dims")
+    return Node(Op.CONV_TRANSPOSE2D, (x, w, stride, padding), (x.dims, w.dims, out),
+                ValueKind.FLOAT, out)

@@ -45,6 +45,7 @@ _FUNCTIONS: Dict[str, tuple] = {
     "amin": (2, library.dsl_amin),
     "logsumexp": (2, library.dsl_logsumexp),
     "conv2d": (4, library.conv2d),
+    "conv_transpose2d": (4, library.conv_transpose2d),
 }
 FUNCTION_NAMES = tuple(sorted(_FUNCTIONS)) + tuple(sorted(CONSTANTS))
 _REDUCING = {"max": "amax", "min": "amin"}  # max(v, D) over a dim D: amax(v, D)
@@ -386,7 +387,7 @@ class _Parser:
 _CALL_KINDS: Dict[str, Tuple[str, ...]] = {
     "sum": (F, "dim"), "fft_up": (F, "dim", "scalar"), "fft_down": (F, "dim", "scalar"),
     "mean": (F, "dim"), "amax": (F, "dim"), "amin": (F, "dim"), "logsumexp": (F, "dim"),
-    "conv2d": (F, F, "scalar", "scalar"),
+    "conv2d": (F, F, "scalar", "scalar"), "conv_transpose2d": (F, F, "scalar", "scalar"),
     **{p.function: p.arg_kinds for p in PRIMITIVES.values() if p.function}}
 
 

@@ -130,7 +130,7 @@ CALLS: Dict[Op, str] = {
     Op.SUM_TO: "vreduce_sum", Op.SUM: "vreduce_sum", Op.MEAN: "vreduce_mean", Op.SHARE: "vdivs",
     Op.AMAX: "vreduce_max", Op.AMIN: "vreduce_min", Op.LOGSUMEXP: "vreduce_logsumexp",
     Op.EINSUM: "vmatmul", Op.FOURIER: "vfft", Op.CONV2D: "vconv", Op.CONV2D_DX: "vconv_dx",
-    Op.CONV2D_DW: "vconv_dw",
+    Op.CONV2D_DW: "vconv_dw", Op.CONV_TRANSPOSE2D: "vconv_transpose",
 }
 
 # The reductions that run as a compiled pass of their own (templates/opkit_reduce.h), per

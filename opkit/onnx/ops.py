@@ -408,6 +408,14 @@ def _conv2d_dx(em, node, args, ctx) -> Val:
                      output_padding=extra), tuple(x_dims))
 
 
+@onnx_lowering("conv_transpose2d")
+def _conv_transpose2d(em, node, args, ctx) -> Val:
+    x_dims, w_dims, out_dims = node.params
+    s, p = _conv_ints(node, ctx, "conv_transpose2d")
+    x, w = _logical(em, args[0], x_dims, ctx), _logical(em, args[1], w_dims, ctx)
+    return Val(em.op("ConvTranspose", x, w, strides=[s, s], pads=[p, p, p, p]), tuple(out_dims))
+
+
 @onnx_lowering("conv2d_dw")
 def _conv2d_dw(em, node, args, ctx) -> Val:
     """The correlation of x with dy as a convolution over the batch: x as (C, N, H, W), dy as

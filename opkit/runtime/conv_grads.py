@@ -17,7 +17,8 @@ from .bind import dtype_name
 from .schedule import fused_threads
 
 Array = Tuple[np.ndarray, Tuple[str, ...]]
-CONV_GRADS = (Op.CONV2D_DX, Op.CONV2D_DW)
+# conv_transpose2d is conv2d_dx with x as the output gradient: the same compiled call
+CONV_GRADS = (Op.CONV2D_DX, Op.CONV2D_DW, Op.CONV_TRANSPOSE2D)
 
 
 def _logical(arr: np.ndarray, names: Sequence[str], dims: Sequence[str]):
