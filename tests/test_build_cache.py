@@ -262,7 +262,7 @@ def test_the_runtime_is_compiled_once_and_linked_into_each_module(empty_cache, t
 
 def test_a_runtime_that_does_not_compile_is_reported(empty_cache, tmp_path, monkeypatch):
     from opkit.builder import runtime
-    monkeypatch.setattr(runtime, "runtime_source", lambda: "#error the runtime is broken\n")
+    monkeypatch.setattr(runtime, "runtime_source", lambda vector_bytes: "#error the runtime is broken\n")
     with pytest.raises(BuildError, match="kernel runtime") as err:
         make_op(write_op(tmp_path / "a", TWICE)).build(isa="portable")
     assert "the runtime is broken" in str(err.value)

@@ -341,7 +341,7 @@ def test_the_gemm_backend_is_chosen_by_opkit_gemm(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     source = op.source()
     assert "cython_blas" not in source and 'GEMM = "opkit"' in source
-    assert "static void opk_ukr_f_" in source and "def fwdlib0_f" in source
+    assert "extern const opk_ukr_f opk_ukrs_f" in source and "def fwdlib0_f" in source
     monkeypatch.setenv("OPKIT_GEMM", "blas")
     assert "cython_blas" in op.source() and 'GEMM = "blas"' in op.source()
     for var, value in (("OPKIT_GEMM", "none"), ("OPKIT_BLAS", "none")):

@@ -1,5 +1,6 @@
 """Draw docs/fusion.svg from an `opkit bench --json` file: milliseconds per call of each
-convolution case, opkit fused / opkit conv alone / opkit unfused chain / PyTorch eager.
+convolution case, opkit fused / opkit conv alone / opkit unfused chain / PyTorch eager (in x's
+layout and channels_last) / torch.compile with freezing, where the run has them.
 
     opkit bench --json bench.json && python tools/fusion_chart.py bench.json docs/fusion.svg
 
@@ -10,14 +11,15 @@ from html import escape
 
 WHO = [("opkit", "opkit fused", "#1f77b4"), ("opkit conv", "opkit conv alone", "#9ecae1"),
        ("opkit unfused", "opkit conv + BN + LeakyReLU passes", "#ff7f0e"),
-       ("torch", "PyTorch eager", "#7f7f7f")]
+       ("torch", "PyTorch eager", "#7f7f7f"), ("torch CL", "PyTorch eager, channels_last", "#bdbdbd"),
+       ("torch.compile freezing", "torch.compile with freezing", "#2ca02c")]
 
 
 def chart(rows, width=900) -> str:
     rows = [r for r in rows if r["case"].startswith("conv2d_")]
     top = max(v for r in rows for v in r["seconds"].values()) * 1e3
     bar, gap, label_w, left = 12, 14, 330, 10
-    y, parts = 40, []
+    y, parts = 58, []
     scale = (width - label_w - 80) / top
     for r in rows:
         who = [w for w in WHO if w[0] in r["seconds"]]
@@ -31,8 +33,9 @@ def chart(rows, width=900) -> str:
                          f'font-size="10">{ms:.1f} ms</text>')
             y += bar
         y += gap
-    legend = "".join(f'<rect x="{label_w + i * 150}" y="10" width="10" height="10" fill="{c}"/>'
-                     f'<text x="{label_w + i * 150 + 14}" y="19" font-size="10">{escape(n)}</text>'
+    # three entries a row
+    legend = "".join(f'<rect x="{label_w + i % 3 * 190}" y="{10 + i // 3 * 16}" width="10" height="10" fill="{c}"/>'
+                     f'<text x="{label_w + i % 3 * 190 + 14}" y="{19 + i // 3 * 16}" font-size="10">{escape(n)}</text>'
                      for i, (_, n, c) in enumerate(WHO))
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 10}" '
             f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>'

@@ -3,7 +3,8 @@
 templates/opkit_kernel.h's walk (opk_run, opk_walk and what they call: the row and block
 loops, float16 streaming, folded sums, chunked partials) is the largest code of every module
 and the same in all of them: it reaches a kernel only through the function pointers of
-opk_kernel. Compiled with OPK_RUNTIME into `opk_runtime.o` once, keyed like a module (its
+opk_kernel. So are the fused calls' GEMM micro-kernels (codegen/gemm.py), which depend only
+on the target's vectors. Compiled with OPK_RUNTIME into `opk_runtime.o` once, keyed like a module (its
 source, the templates, the toolchain), it is linked into each module instead of being compiled
 again for each operator. The module that links it is self-contained: the object is only needed
 while modules are being built. Like a module, the object is used only while it matches the
@@ -28,7 +29,8 @@ _C, _O, _RECORD = f"{_NAME}.c", f"{_NAME}.o", "runtime.json"
 
 
 def runtime_key(tc: Toolchain) -> str:
-    return cache.cache_key({"runtime": hashlib.sha256(runtime_source().encode()).hexdigest(),
+    source = runtime_source(tc.target.vector_bytes)
+    return cache.cache_key({"runtime": hashlib.sha256(source.encode()).hexdigest(),
                             "templates": template_digest(), "toolchain": tc.key_material()})
 
 
@@ -52,7 +54,7 @@ def runtime_object(tc: Toolchain, timeout: float) -> Path:
             return entry / _O
         work = cache.new_workdir(_NAME, entry.name[-16:])
         try:
-            (work / _C).write_text(runtime_source())
+            (work / _C).write_text(runtime_source(tc.target.vector_bytes))
             cmd = tc.object_command(_C, _O)
             r = run_tool(cmd, work, timeout)
             if r.returncode != 0 or not (work / _O).is_file():

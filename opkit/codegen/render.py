@@ -21,7 +21,7 @@ from ..dsl.graph import OpGraphs
 from ..dsl.variants import Variant
 from .c_ops import C as C_OPS, LIBM, MATH_FUNCTIONS, declaration, form as c_form, scalar_calls
 from ..backend import gemm
-from .gemm import gemm_source
+from .gemm import gemm_declarations, gemm_definitions
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, LibCall, Lowered, Reg,
                      Schedule, compute_dtype, cost, listing, quantized)
 from ..lower.plan import Step
@@ -565,7 +565,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
         for plan in (low.forward, low.backward) if plan is not None for s in plan.steps)
     gemm_context = {} if lib is None or not (fused or conv_grads) else {
         "name": lib.name, "describe": _printable(lib.describe(target.vector_bytes)),
-        "source": gemm_source(target.vector_bytes) if lib.name == "opkit" else ""}
+        "source": gemm_declarations(target.vector_bytes) if lib.name == "opkit" else ""}
     reduces = any(isinstance(s, LibCall) and s.prim in COMPILED_REDUCTIONS
                   for low in [lowered, *(o[2] for o in others)]
                   for plan in (low.forward, low.backward) if plan is not None for s in plan.steps)
@@ -593,10 +593,12 @@ def header_defines() -> List[str]:
                           OPK_LANE_BYTES=LANE_BYTES))
 
 
-def runtime_source() -> str:
-    """The C source of the kernel runtime (templates/opkit_kernel.h with OPK_RUNTIME)."""
+def runtime_source(vector_bytes: int) -> str:
+    """The C source of the kernel runtime (templates/opkit_kernel.h with OPK_RUNTIME) and the
+    fused calls' GEMM micro-kernels for the target's vectors (codegen/gemm.py)."""
     return "\n".join([f"/* opkit {__version__}: the kernel runtime every module links */",
-                      *header_defines(), "#define OPK_RUNTIME 1", '#include "opkit_kernel.h"', ""])
+                      *header_defines(), "#define OPK_RUNTIME 1", '#include "opkit_kernel.h"',
+                      gemm_declarations(vector_bytes), gemm_definitions(vector_bytes), ""])
 
 
 # ------------------------------------------------------------------------------ fused calls
