@@ -522,3 +522,11 @@ def test_conv_transpose2d_matches_torch(conv_transposed):
         want = torch.nn.functional.conv_transpose2d(torch.from_numpy(x), torch.from_numpy(w),
                                                     torch.from_numpy(b), 2, 1).numpy()
         np.testing.assert_allclose(from_layout(y, layout), want, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_transpose2d_refuses_a_padding_that_removes_the_output(conv_transposed):
+    x, w, b = np.ones((1, 3, 2, 2)), np.ones((3, 6, 2, 2)), np.ones(6)
+    with pytest.raises(ValueError, match=r"conv_transpose2d: the padding removes the whole output "
+                       r"along H: \(H - 1\) \* stride \+ KH - 2 \* padding = -1 with H = 2, KH = 2, "
+                       r"stride 1, padding 2"):
+        conv_transposed(x, w, b, s=1, p=2)

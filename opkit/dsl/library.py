@@ -619,19 +619,27 @@ def _conv2d_dw_vjp(g, out, x, gy, stride, padding):
     return (dx, dg, None, None)
 
 
-def _conv_sizes(node: Node, sizes: Dict[str, int], value_of) -> Dict[str, int]:
+def _spatial_sizes(node: Node, sizes: Dict[str, int], value_of, size_of, refuse) -> Dict[str, int]:
+    """The sizes of a (transposed) convolution's output rows and columns: size_of(n, k, s, p)
+    from the input's and the kernel's; refuse(d, k, n, kn, s, p, size) words the ValueError for
+    an empty one."""
     x_dims, w_dims, out_dims = node.params
     s, p = conv_ints(value_of(node.args[2]), value_of(node.args[3]))
     out = {}
     for axis, (d, k) in enumerate(((x_dims[2], w_dims[2]), (x_dims[3], w_dims[3]))):
         if d not in sizes or k not in sizes:
             continue
-        size = conv_size(sizes[d], sizes[k], s, p)
+        size = size_of(sizes[d], sizes[k], s, p)
         if size < 1:
-            raise ValueError(f"conv2d: the kernel is larger than the padded input along {d}: "
-                             f"{d} = {sizes[d]} with padding {p} on each side, {k} = {sizes[k]}")
+            raise ValueError(refuse(d, k, sizes[d], sizes[k], s, p, size))
         out[out_dims[2 + axis]] = size
     return out
+
+
+def _conv_sizes(node: Node, sizes: Dict[str, int], value_of) -> Dict[str, int]:
+    return _spatial_sizes(node, sizes, value_of, conv_size, lambda d, k, n, kn, s, p, size: (
+        f"conv2d: the kernel is larger than the padded input along {d}: {d} = {n} with padding "
+        f"{p} on each side, {k} = {kn}"))
 
 
 def _conv_format(what: str):
@@ -677,19 +685,9 @@ def _conv_transpose2d_vjp(g, out, x, w, stride, padding):
 
 
 def _transposed_sizes(node: Node, sizes: Dict[str, int], value_of) -> Dict[str, int]:
-    x_dims, w_dims, out_dims = node.params
-    s, p = conv_ints(value_of(node.args[2]), value_of(node.args[3]))
-    out = {}
-    for axis, (d, k) in enumerate(((x_dims[2], w_dims[2]), (x_dims[3], w_dims[3]))):
-        if d not in sizes or k not in sizes:
-            continue
-        size = transposed_size(sizes[d], sizes[k], s, p)
-        if size < 1:
-            raise ValueError(f"conv_transpose2d: the padding removes the whole output along {d}: "
-                             f"({d} - 1) * stride + {k} - 2 * padding = {size} with {d} = "
-                             f"{sizes[d]}, {k} = {sizes[k]}, stride {s}, padding {p}")
-        out[out_dims[2 + axis]] = size
-    return out
+    return _spatial_sizes(node, sizes, value_of, transposed_size, lambda d, k, n, kn, s, p, size: (
+        f"conv_transpose2d: the padding removes the whole output along {d}: ({d} - 1) * stride "
+        f"+ {k} - 2 * padding = {size} with {d} = {n}, {k} = {kn}, stride {s}, padding {p}"))
 
 
 register(LibraryPrimitive(Op.CONV_TRANSPOSE2D, _run_conv_transpose2d, _conv_transpose2d_vjp,
