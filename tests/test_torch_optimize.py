@@ -463,3 +463,54 @@ def test_a_transposed_convolution_chain_fuses_and_matches(bias, stride, padding,
             assert_rel(p.grad, q.grad, 1e-5)
         for (name, b), c in zip(opt.named_buffers(), ref.buffers()):
             assert torch.allclose(b.float(), c.float(), rtol=1e-5, atol=1e-6), name
+
+
+class ResidualBlock(nn.Module):
+    """A ResNet-style discriminator block: LeakyReLU(bn(conv(x)) + x), and one whose residual
+    broadcasts (a per-channel tensor) and one added on the left, without a batch norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.act1 = nn.LeakyReLU(0.2)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.bias = nn.Parameter(torch.randn(1, 4, 1, 1))
+
+    def forward(self, x):
+        y = self.act1(self.bn1(self.conv1(x)) + x)
+        y = F.leaky_relu(self.bias + self.conv2(y), 0.1)
+        return F.leaky_relu(torch.add(self.conv2(y), y), 0.2)
+
+
+@pytest.mark.parametrize("layout", [None, "NHWC"])
+def test_a_residual_add_before_the_slope_joins_the_chain(layout):
+    """conv [-> bn] + r -> LeakyReLU fuses (eval: the batch norm folded, the residual added and
+    the slope applied in place over the convolution's output); outputs, gradients and running
+    statistics as the original's in eval and in training, whichever side the residual is on and
+    whether or not it broadcasts."""
+    torch.manual_seed(0)
+    model = with_statistics(ResidualBlock())
+    x = torch.randn(2, 4, 6, 6)
+    opt, report = optimize(copy.deepcopy(model), {"layout": layout}, x)
+    assert [(e.fused, e.chain) for e in report] == [
+        (True, ("conv1", "bn1", "add")), (True, ("conv2", "add_1")), (True, ("conv2", "add_2"))]
+    assert report[0].operator == ("conv2d (batch norm folded in) + add + leaky_relu (training: "
+                                  "conv2d + batch_norm + add + leaky_relu)")
+    assert not any(n.target in (torch.add,) or "add" in str(n.target) for n in opt.graph.nodes
+                   if n.op in ("call_function", "call_method"))
+    for mode in ("eval", "train"):
+        ref, got = copy.deepcopy(model), copy.deepcopy(opt)
+        getattr(ref, mode)(), getattr(got, mode)()
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = got(xa), ref(xb)
+        assert_rel(ya, yb, 1e-5)
+        g = torch.randn_like(yb)
+        ya.backward(g), yb.backward(g)
+        assert_rel(xa.grad, xb.grad, 1e-5)
+        for p, q in zip(got.parameters(), ref.parameters()):
+            assert_rel(p.grad, q.grad, 1e-5)
+        for b, c in zip(got.buffers(), ref.buffers()):
+            assert torch.allclose(b.float(), c.float(), rtol=1e-5, atol=1e-6)
+        with torch.no_grad():   # nothing records: the in-place path
+            assert_rel(got(x), ref(x), 1e-5)

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-MAX_ROWS = 8          # pixels per tile: their row pointers stay in general-purpose registers
+MAX_ROWS = 6          # rows per tile: their pointers stay in general-purpose registers (and each
+                      # tile shape is one more function to compile into the runtime)
 C_TYPES = (("f", "float", 4), ("d", "double", 8))
 
 

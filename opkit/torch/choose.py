@@ -90,7 +90,8 @@ def measure(model: nn.Module, module: FusedConvLeakyReLU, x: torch.Tensor, train
 def choose(model: nn.Module, example: tuple) -> List[str]:
     """Set each fused chain's eval_conv and train_conv to the faster choice; a line per chain."""
     modules = {name: m for name, m in model.named_modules()
-               if isinstance(m, FusedConvLeakyReLU) and m.up == 1 and not m.transposed}
+               if isinstance(m, FusedConvLeakyReLU) and m.up == 1 and not m.transposed
+               and not m.residual}
     if not modules:
         return []
     seen = inputs_of(model, modules, example)

@@ -26,6 +26,15 @@ from .tensors import DTYPES, TORCH_DTYPES
 CONV_CHOICES = ("opkit", "torch")
 
 
+def _added(z: torch.Tensor, r: Optional[torch.Tensor]) -> torch.Tensor:
+    """z + r into z where that is what z + r gives (same shape and dtype), else a new tensor."""
+    if r is None:
+        return z
+    if r.shape == z.shape and r.dtype == z.dtype:
+        return z.add_(r)
+    return z + r
+
+
 class _NoEffect(torch.autograd.Function):
     """y, with `b` recorded as an input whose gradient is zero: a convolution's bias before a
     training batch norm cancels out, and its gradient is zero (not None, so weight decay and
@@ -53,7 +62,7 @@ class FusedConvLeakyReLU(nn.Module):
 
     def __init__(self, conv: nn.Module, bn: Optional[nn.BatchNorm2d], alpha: float,
                  stride: int, padding: int, names=("", None), precision_mode: str = DEFAULT_PRECISION,
-                 eval_conv: str = "opkit", train_conv: str = "opkit"):
+                 eval_conv: str = "opkit", train_conv: str = "opkit", residual: bool = False):
         super().__init__()
         # plain references, not children: the modules stay registered where they were
         object.__setattr__(self, "_conv", conv)
@@ -65,7 +74,10 @@ class FusedConvLeakyReLU(nn.Module):
         # ConvTranspose2d (a DCGAN generator's stem): PyTorch's transposed convolution with
         # the batch norm folded in and opkit's slope; opkit has no fused operator for it
         self.transposed = isinstance(conv, nn.ConvTranspose2d)
-        if self.transposed:
+        # a residual added before the slope (conv(x) + r): PyTorch's convolution, the addition
+        # and the slope in place over its output (the fused operators take no residual)
+        self.residual = residual
+        if self.transposed or residual:
             eval_conv = train_conv = "torch"
         self.eval_conv, self.train_conv = eval_conv, train_conv
         self.up, self.plan = 1, None
@@ -95,10 +107,11 @@ class FusedConvLeakyReLU(nn.Module):
         """What a call in training or in eval runs, in words for reports."""
         if (self.train_conv if training else self.eval_conv) == "torch":
             conv = "conv_transpose2d" if self.transposed else "conv2d"
+            act = "add + leaky_relu" if self.residual else "leaky_relu"
             if self._bn is None:
-                return f"{conv} + leaky_relu"
-            return f"{conv} + batch_norm + leaky_relu" if training else \
-                f"{conv} (batch norm folded in) + leaky_relu"
+                return f"{conv} + {act}"
+            return f"{conv} + batch_norm + {act}" if training else \
+                f"{conv} (batch norm folded in) + {act}"
         if self._bn is None:
             return "conv2d_bias_leaky_relu"
         return "conv2d_bn_train_leaky_relu" if training else "conv2d_bn_leaky_relu"
@@ -108,10 +121,10 @@ class FusedConvLeakyReLU(nn.Module):
         ev, tr = self.runs(False), self.runs(True)
         return ev if ev == tr else f"{ev} (training: {tr})"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, r: Optional[torch.Tensor] = None) -> torch.Tensor:
         training = self._bn.training if self._bn is not None else self.training
-        if (self.train_conv if training else self.eval_conv) == "torch":
-            return self._torch_conv(x, training)
+        if (self.train_conv if training else self.eval_conv) == "torch" or r is not None:
+            return self._torch_conv(x, training, r)
         if self.up > 1:  # opkit's convolution takes the upsampled image
             x = F.interpolate(x, scale_factor=self.up, mode="nearest")
         return self._opkit_conv(x, training)
@@ -162,24 +175,29 @@ class FusedConvLeakyReLU(nn.Module):
         self._update(y, mean, var)
         return y
 
-    def _torch_conv(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+    def _torch_conv(self, x: torch.Tensor, training: bool,
+                    r: Optional[torch.Tensor] = None) -> torch.Tensor:
         conv, bn = self._conv, self._bn
         if training:  # PyTorch's convolution with its bias (and batch norm), opkit's slope
             z = self._conv2d(x, conv.weight, conv.bias)
-            return self._run("leaky_relu", bn(z) if bn is not None else z, alpha=self.alpha)
+            z = bn(z) if bn is not None else z
+            return self._run("leaky_relu", z if r is None else z + r, alpha=self.alpha)
         sources = (conv.weight, conv.bias) + ((bn.weight, bn.bias, bn.running_mean, bn.running_var)
                                              if bn is not None else ())
-        if self.precision_mode == DEFAULT_PRECISION and not recorded(x, *sources):
+        extra = (r,) if r is not None else ()
+        if self.precision_mode == DEFAULT_PRECISION and not recorded(x, *sources, *extra):
             # nothing records the call: the folded weights are made once for these parameters,
-            # the convolution adds the bias, and the slope goes over its output in place
+            # the convolution adds the bias, then the residual and the slope go over its output
+            # in place
             w, shift = cached(self, sources, x, lambda fmt: self._eval_params(x, fmt))
-            then = lambda z: call_("leaky_relu", z, alpha=self.alpha)  # noqa: E731
+            then = lambda z: call_("leaky_relu", _added(z, r), alpha=self.alpha)  # noqa: E731
             if self.plan is not None:
                 return self.plan.convolve(x, None, None, then, params=(w, shift))
             return then(self._raw(x, w, shift))
         w, shift = self._folded(x)
-        if self.up > 1:
-            return self._run("leaky_relu", self._conv2d(x, w, shift.to(w.dtype)), alpha=self.alpha)
+        if self.up > 1 or r is not None:
+            z = self._conv2d(x, w, shift.to(w.dtype))
+            return self._run("leaky_relu", z if r is None else z + r, alpha=self.alpha)
         z = self._raw(x, w, None)
         return self._run("fused_bias_leaky_relu", z, shift, alpha=self.alpha, gain=1.0)
 

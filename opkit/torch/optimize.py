@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import operator
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -255,8 +256,28 @@ def _layout_problem(node: fx.Node) -> Optional[str]:
 
 
 class _Decision:
-    def __init__(self, entry: Entry, conv: Optional[fx.Node] = None, bn: Optional[fx.Node] = None):
+    def __init__(self, entry: Entry, conv: Optional[fx.Node] = None, bn: Optional[fx.Node] = None,
+                 add: Optional[fx.Node] = None, residual: Optional[fx.Node] = None):
         self.entry, self.conv, self.bn = entry, conv, bn
+        self.add, self.residual = add, residual
+
+
+_ADDS = {operator.add, torch.add}
+
+
+def _residual(src: fx.Node, modules) -> Optional[Tuple[fx.Node, fx.Node]]:
+    """(the convolution's or batch norm's node, the residual) when `src` adds a tensor to the
+    output of a convolution or batch norm that nothing else reads: `conv(x) + r`."""
+    plain = (src.op == "call_function" and src.target in _ADDS) or \
+        (src.op == "call_method" and src.target in ("add", "__add__"))
+    if not plain or src.kwargs or len(src.args) != 2:
+        return None
+    a, b = src.args
+    for mine, other in ((a, b), (b, a)):
+        if isinstance(mine, fx.Node) and isinstance(other, fx.Node) and mine is not other \
+                and _kind(mine, modules) and len(mine.users) == 1:
+            return mine, other
+    return None
 
 
 def _decide(node: fx.Node, alpha: float, modules) -> _Decision:
@@ -269,6 +290,12 @@ def _decide(node: fx.Node, alpha: float, modules) -> _Decision:
 
     if not isinstance(src, fx.Node):
         return no(repr(src), "the preceding op is not a convolution or batch norm")
+    add = residual = None
+    found = _residual(src, modules)
+    if found is not None:  # conv(x) [-> bn] + r -> LeakyReLU: the addition joins the chain
+        if len(src.users) > 1:
+            return no(_name(src), _other_users(src, node))
+        add, (src, residual) = src, found
     p, between = src, []
     while isinstance(p, fx.Node) and (_is_shape(p, modules) or _is_layout(p)):
         between.append(p)
@@ -309,9 +336,10 @@ def _decide(node: fx.Node, alpha: float, modules) -> _Decision:
     why = _layout_problem(conv.args[0]) if isinstance(conv.args[0], fx.Node) else None
     if why:
         return no(_name(conv), why)
-    chain = (_name(conv),) + ((_name(bn),) if bn is not None else ())
+    chain = (_name(conv),) + ((_name(bn),) if bn is not None else ()) + \
+        ((_name(add),) if add is not None else ())
     # (the operator is named once the chain's module says what it runs)
-    return _Decision(Entry(me, True, _name(conv), chain=chain), conv, bn)
+    return _Decision(Entry(me, True, _name(conv), chain=chain), conv, bn, add, residual)
 
 
 def _other_users(producer: fx.Node, ours: fx.Node) -> str:
@@ -371,7 +399,7 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
     for m in modules.values():  # fused before (an optimized model optimized again): the new config
         if isinstance(m, FusedConvLeakyReLU):
             m.precision_mode = config["precision_mode"]
-            if not m.transposed:
+            if not (m.transposed or m.residual):
                 m.eval_conv, m.train_conv = _conv_choice(config)
     for node in list(gm.graph.nodes):
         found = _leaky_alpha(node, modules)
@@ -391,7 +419,7 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
             conv, bn, found[0], stride, padding,
             names=(str(d.conv.target), str(d.bn.target) if d.bn is not None else None),
             precision_mode=config["precision_mode"], eval_conv=eval_conv,
-            train_conv=train_conv).train(conv.training)
+            train_conv=train_conv, residual=d.add is not None).train(conv.training)
         d.entry.operator = fused.describe()
         target = "opkit_fused." + str(d.conv.target).replace(".", "_")
         while target in taken:
@@ -399,9 +427,12 @@ def _fuse(gm: fx.GraphModule, config: dict, report: Report) -> None:
         taken.add(target)
         gm.add_submodule(target, fused)
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_module(target, (d.conv.args[0],))
+            new = gm.graph.call_module(target, (d.conv.args[0],) +
+                                       ((d.residual,) if d.residual is not None else ()))
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
+        if d.add is not None:
+            gm.graph.erase_node(d.add)
         if d.bn is not None:
             gm.graph.erase_node(d.bn)
         gm.graph.erase_node(d.conv)
