@@ -265,6 +265,11 @@ def test_conv2d_declaration_errors():
         build_graphs(parse_spec("name: t\ninputs:\n  x: {dtypes: [float32], layouts: [NCHW]}\n"
                                 "  w: {dtypes: [float32], shape: [O, K, KH, KW]}\noutputs:\n  y: {}\n"
                                 "forward:\n  y: conv2d(x, w, 1, 0)\n", "t.yaml"))
+    with pytest.raises(SpecError, match="conv_transpose2d: the first dim of the weights \\(O\\) "
+                       "must be the channel dim of x \\(C\\): declare the weights with shape: "
+                       "\\[C, O, KH, KW\\]"):
+        build_graphs(parse_spec(HEAD + "outputs:\n  y: {}\nforward:\n  y: conv_transpose2d(x, w, 2, 0)\n",
+                                "t.yaml"))
 
 
 def test_fusion_warning_at_build(tmp_path):

@@ -433,6 +433,21 @@ def test_auto_conv_times_both_choices_and_leaves_the_model_as_it_was(monkeypatch
     assert_rel(y, want, 1e-4)
 
 
+def assert_same_step(opt, ref, x):
+    """One forward and backward of each: outputs, input and parameter gradients, and buffers
+    (running statistics) agree."""
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = opt(xa), ref(xb)
+    assert_rel(ya, yb, 1e-5)
+    g = torch.randn_like(yb)
+    ya.backward(g), yb.backward(g)
+    assert_rel(xa.grad, xb.grad, 1e-5)
+    for p, q in zip(opt.parameters(), ref.parameters()):
+        assert_rel(p.grad, q.grad, 1e-5)
+    for (name, b), c in zip(opt.named_buffers(), ref.buffers()):
+        assert torch.allclose(b.float(), c.float(), rtol=1e-5, atol=1e-6), name
+
+
 @pytest.mark.parametrize("bias,stride,padding,output_padding", [(False, 1, 0, 0), (True, 2, 1, 1)])
 def test_a_transposed_convolution_chain_fuses_and_matches(bias, stride, padding, output_padding):
     """ConvTranspose2d -> BatchNorm2d -> LeakyReLU (a DCGAN generator's stem) runs as one
@@ -454,16 +469,7 @@ def test_a_transposed_convolution_chain_fuses_and_matches(bias, stride, padding,
         with torch.no_grad():
             assert_rel(opt(x), ref(x), 1e-5)
         ref.train(), opt.train()
-        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ya, yb = opt(xa), ref(xb)
-        assert_rel(ya, yb, 1e-5)
-        g = torch.randn_like(yb)
-        ya.backward(g), yb.backward(g)
-        assert_rel(xa.grad, xb.grad, 1e-5)
-        for (name, p), q in zip(opt.named_parameters(), ref.parameters()):
-            assert_rel(p.grad, q.grad, 1e-5)
-        for (name, b), c in zip(opt.named_buffers(), ref.buffers()):
-            assert torch.allclose(b.float(), c.float(), rtol=1e-5, atol=1e-6), name
+        assert_same_step(opt, ref, x)
 
 
 class ResidualBlock(nn.Module):
@@ -503,15 +509,6 @@ def test_a_residual_add_before_the_slope_joins_the_chain(layout):
     for mode in ("eval", "train"):
         ref, got = copy.deepcopy(model), copy.deepcopy(opt)
         getattr(ref, mode)(), getattr(got, mode)()
-        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ya, yb = got(xa), ref(xb)
-        assert_rel(ya, yb, 1e-5)
-        g = torch.randn_like(yb)
-        ya.backward(g), yb.backward(g)
-        assert_rel(xa.grad, xb.grad, 1e-5)
-        for p, q in zip(got.parameters(), ref.parameters()):
-            assert_rel(p.grad, q.grad, 1e-5)
-        for b, c in zip(got.buffers(), ref.buffers()):
-            assert torch.allclose(b.float(), c.float(), rtol=1e-5, atol=1e-6)
+        assert_same_step(got, ref, x)
         with torch.no_grad():   # nothing records: the in-place path
             assert_rel(got(x), ref(x), 1e-5)

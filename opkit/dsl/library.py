@@ -701,45 +701,38 @@ def _whole(value: Node, what: str, low: int) -> None:
         raise ValueError(f"conv2d: {what} must be a whole number >= {low}, got {value.value:g}")
 
 
-def conv2d(x: Node, w: Node, stride: Node, padding: Node) -> Node:
-    """conv2d(x, w, stride, padding) of the expression language."""
+def _conv_node(op: Op, x: Node, w: Node, stride: Node, padding: Node, order: str, c: int,
+               prefix: str) -> Node:
+    """A convolution's node: x [N, C, H, W], the weights in `order` with x's channel dim at
+    `c` (the other one the result's), the result [N, O, <prefix>H, <prefix>W]."""
+    what = op.value
     if x.dims is None or len(x.dims) != 4:
-        raise ValueError("conv2d needs x with the 4 dims N, C, H, W: declare it with "
+        raise ValueError(f"{what} needs x with the 4 dims N, C, H, W: declare it with "
                          "layouts: [NCHW, NHWC]")
     if w.dims is None or len(w.dims) != 4:
-        raise ValueError("conv2d needs weights declared with shape: [O, C, KH, KW] (PyTorch's order)")
-    if w.dims[1] != x.dims[1]:
-        raise ValueError(f"conv2d: the second dim of the weights ({w.dims[1]}) must be the channel "
-                         f"dim of x ({x.dims[1]}): declare the weights with shape: "
-                         f"[O, {x.dims[1]}, KH, KW]")
+        raise ValueError(f"{what} needs weights declared with shape: {order}")
+    if w.dims[c] != x.dims[1]:
+        want = [x.dims[1] if i == c else d for i, d in enumerate(("O", "O", "KH", "KW"))]
+        raise ValueError(f"{what}: the {('first', 'second')[c]} dim of the weights ({w.dims[c]}) "
+                         f"must be the channel dim of x ({x.dims[1]}): declare the weights with "
+                         f"shape: [{', '.join(want)}]")
     _whole(stride, "stride", 1)
     _whole(padding, "padding", 0)
-    out = (x.dims[0], w.dims[0], "O" + x.dims[2], "O" + x.dims[3])
-    clash = [d for d in out[1:] if out.count(d) > 1 or (d in x.dims + w.dims and d != w.dims[0])]
-    if clash or w.dims[0] in (x.dims[0], x.dims[2], x.dims[3]):
-        raise ValueError(f"conv2d: the result's dims would be [{', '.join(out)}], which repeats or "
+    o = w.dims[1 - c]
+    out = (x.dims[0], o, prefix + x.dims[2], prefix + x.dims[3])
+    clash = [d for d in out[1:] if out.count(d) > 1 or (d in x.dims + w.dims and d != o)]
+    if clash or o in (x.dims[0], x.dims[2], x.dims[3]):
+        raise ValueError(f"{what}: the result's dims would be [{', '.join(out)}], which repeats or "
                          "reuses a dim name of x or the weights; rename the weights' dims")
-    return Node(Op.CONV2D, (x, w, stride, padding), (x.dims, w.dims, out), ValueKind.FLOAT, out)
+    return Node(op, (x, w, stride, padding), (x.dims, w.dims, out), ValueKind.FLOAT, out)
+
+
+def conv2d(x: Node, w: Node, stride: Node, padding: Node) -> Node:
+    """conv2d(x, w, stride, padding) of the expression language."""
+    return _conv_node(Op.CONV2D, x, w, stride, padding, "[O, C, KH, KW] (PyTorch's order)", 1, "O")
 
 
 def conv_transpose2d(x: Node, w: Node, stride: Node, padding: Node) -> Node:
     """conv_transpose2d(x, w, stride, padding) of the expression language."""
-    if x.dims is None or len(x.dims) != 4:
-        raise ValueError("conv_transpose2d needs x with the 4 dims N, C, H, W: declare it with "
-                         "layouts: [NCHW, NHWC]")
-    if w.dims is None or len(w.dims) != 4:
-        raise ValueError("conv_transpose2d needs weights declared with shape: [C, O, KH, KW] "
-                         "(ConvTranspose2d's order)")
-    if w.dims[0] != x.dims[1]:
-        raise ValueError(f"conv_transpose2d: the first dim of the weights ({w.dims[0]}) must be "
-                         f"the channel dim of x ({x.dims[1]}): declare the weights with shape: "
-                         f"[{x.dims[1]}, O, KH, KW]")
-    _whole(stride, "stride", 1)
-    _whole(padding, "padding", 0)
-    out = (x.dims[0], w.dims[1], "T" + x.dims[2], "T" + x.dims[3])
-    clash = [d for d in out[1:] if out.count(d) > 1 or (d in x.dims + w.dims and d != w.dims[1])]
-    if clash or w.dims[1] in (x.dims[0], x.dims[2], x.dims[3]):
-        raise ValueError(f"conv_transpose2d: the result's dims would be [{', '.join(out)}], which "
-                         "repeats or reuses a dim name of x or the weights; rename the weights' dims")
-    return Node(Op.CONV_TRANSPOSE2D, (x, w, stride, padding), (x.dims, w.dims, out),
-                ValueKind.FLOAT, out)
+    return _conv_node(Op.CONV_TRANSPOSE2D, x, w, stride, padding,
+                      "[C, O, KH, KW] (ConvTranspose2d's order)", 0, "T")
