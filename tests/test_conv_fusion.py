@@ -535,3 +535,24 @@ def test_conv_transpose2d_refuses_a_padding_that_removes_the_output(conv_transpo
                        r"along H: \(H - 1\) \* stride \+ KH - 2 \* padding = -1 with H = 2, KH = 2, "
                        r"stride 1, padding 2"):
         conv_transposed(x, w, b, s=1, p=2)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_scipys_blas_backend_still_computes_the_convolution(layout, monkeypatch):
+    """OPKIT_GEMM=blas: the fused call on SciPy's sgemm/dgemm over each block's unfolded matrix
+    (channel-major blocks in NCHW) gives the direct sums, with batch statistics."""
+    pytest.importorskip("scipy")
+    monkeypatch.setenv("OPKIT_GEMM", "blas")
+    op = opkit.ops.conv2d_bn_train_leaky_relu
+    assert 'GEMM = "blas"' in op.source()
+    rng = np.random.default_rng(9)
+    x, w = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((5, 3, 3, 3))
+    g, b = rng.uniform(0.5, 1.5, 5), rng.standard_normal(5)
+    z = conv_numpy(x, w, 2, 1)
+    mean, var = z.mean((0, 2, 3)), z.var((0, 2, 3))
+    want = leaky((z - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5) * g[:, None, None]
+                 + b[:, None, None])
+    y, m, v = op(to_layout(x, layout), w, g, b, stride=2, padding=1, layout=layout)
+    np.testing.assert_allclose(from_layout(y, layout), want, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(m, mean, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(v, var, rtol=1e-10, atol=1e-12)
