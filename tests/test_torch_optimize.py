@@ -470,6 +470,11 @@ def test_a_transposed_convolution_chain_fuses_and_matches(bias, stride, padding,
             assert_rel(opt(x), ref(x), 1e-5)
         ref.train(), opt.train()
         assert_same_step(opt, ref, x)
+    grouped = nn.Sequential(nn.ConvTranspose2d(6, 4, 4, 2, 1, groups=2), nn.BatchNorm2d(4),
+                            nn.LeakyReLU(0.2))
+    _, report = optimize(grouped, None, x)
+    assert not report[0].fused and report[0].reason.startswith(
+        "unsupported transposed convolution: groups=2")
 
 
 class ResidualBlock(nn.Module):

@@ -36,7 +36,8 @@ def _code(arr: np.ndarray) -> Optional[int]:
 def compiled_conv_grad(module, prim: Op, a: Array, b: Array, stride: int, padding: int,
                        params, sizes, layout: Layout, compute: np.dtype,
                        threads: int) -> Optional[Array]:
-    """conv2d_dx(g, w) or conv2d_dw(x, g) by the module; None where it cannot."""
+    """conv2d_dx(g, w), conv_transpose2d(x, w) or conv2d_dw(x, g) by the module; None where
+    it cannot."""
     if getattr(module, "GEMM", "") != "opkit" or compute not in (np.float32, np.float64) \
             or _code(a[0]) is None or _code(b[0]) is None:
         return None
@@ -62,7 +63,7 @@ def _weight_grad(module, xa: Array, ga: Array, s: int, p: int, params, sizes, la
     return dw.reshape(kh, kw, c, o).transpose(3, 2, 0, 1), tuple(w_dims)
 
 
-def _phases(size: int, k: int, s: int, p: int, n_in: int):
+def _phases(size: int, k: int, s: int, p: int):
     """Per output phase r (positions r, r + s, ... of the gradient's `size`): how many
     positions, the first tap kh0 and the tap count j of its sub-kernel (taps kh0, kh0 + s, ...),
     and the gradient rows it starts at before the first (its left padding; negative: rows to
@@ -97,8 +98,8 @@ def _input_grad(module, ga: Array, wa: Array, s: int, p: int, params, sizes, lay
     phys = (x_dims[0], x_dims[2], x_dims[3], x_dims[1]) if nhwc else tuple(x_dims)
     dx = out.transpose(0, 3, 1, 2) if nhwc else out           # logical (N, C, H, W)
     gcode = _code(g)
-    for r, rows, kh0, jh, lh in _phases(h, kh, s, p, oh):
-        for q, cols, kw0, jw, lw in _phases(wd, kw, s, p, ow):
+    for r, rows, kh0, jh, lh in _phases(h, kh, s, p):
+        for q, cols, kw0, jw, lw in _phases(wd, kw, s, p):
             part = dx[:, :, r::s, q::s]
             if rows == 0 or cols == 0:
                 continue

@@ -204,9 +204,12 @@ def _pair(v) -> Tuple[int, int]:
 
 def _conv_problem(conv: nn.Module) -> Optional[str]:
     """Why the fused operators cannot run this convolution (None: they can). A transposed
-    convolution's chain always runs PyTorch's transposed convolution (fused.py): any one fuses."""
+    convolution's chain always runs PyTorch's transposed convolution (fused.py): any one with
+    groups=1 fuses (the batch norm's scale folds into the weights' output-channel dim)."""
     if isinstance(conv, nn.ConvTranspose2d):
-        return None
+        return None if conv.groups == 1 else (
+            f"unsupported transposed convolution: groups={conv.groups} (the batch norm folds into "
+            "a transposed convolution's weights with groups=1)")
     if conv.groups != 1:
         return f"unsupported convolution: groups={conv.groups} (the fused operators take groups=1)"
     if _pair(conv.dilation) != (1, 1):
