@@ -219,21 +219,23 @@ def _fusion_notes():
         yield found
 
 
-_NO_BLAS = re.compile(r"Cannot fuse the epilogue of \w+ \((.+?):\d+:\d+\): no GEMM backend")
+_NO_GEMM = re.compile(r"Cannot fuse the epilogue of \w+ \((.+?):\d+:\d+\): no GEMM backend")
 
 
 def _summarized(notes) -> list:
-    """One line for every epilogue unfused for want of SciPy, and a line for each other note."""
+    """One line for every epilogue unfused for want of a GEMM backend, and a line for each other
+    note."""
     files = sorted({os.path.splitext(os.path.basename(m.group(1)))[0]
-                    for m in map(_NO_BLAS.match, notes) if m})
-    lines = [f"note: {n}" for n in sorted(set(notes)) if not _NO_BLAS.match(n)]
+                    for m in map(_NO_GEMM.match, notes) if m})
+    lines = [f"note: {n}" for n in sorted(set(notes)) if not _NO_GEMM.match(n)]
     if files:
-        why = ("OPKIT_GEMM=none" if backend.blas_disabled()
-               else "OPKIT_GEMM=blas and SciPy is not installed")
+        why, fix = (("OPKIT_GEMM=none", "unset OPKIT_GEMM (and OPKIT_BLAS) to fuse them")
+                    if backend.blas_disabled() else
+                    ("OPKIT_GEMM=blas and SciPy is not installed",
+                     "pip install scipy, or unset OPKIT_GEMM for opkit's own GEMM, to fuse them"))
         lines.append(f"note: {why}, so {len(files)} operator(s) ({', '.join(files)}) run their "
                      "convolution or matmul and the elementwise work after it one after the other "
-                     "instead of fused (same results, slower): unset OPKIT_GEMM (or OPKIT_BLAS) to "
-                     "fuse them")
+                     f"instead of fused (same results, slower): {fix}")
     return lines
 
 

@@ -4,10 +4,11 @@
  * Included (after opkit_kernel.h) by generated modules that have fused steps. The output is cut
  * into blocks of whole output rows of one image; each thread takes blocks in turn and computes
  * the block's raw result in one of two ways:
- *  - direct (the module's generated micro-kernels, opkit/codegen/gemm.py, OPK_GL_F defined): the
- *    block's input rows are copied once, zero-padded, channels last, in the compute type (float16
- *    converted, NCHW transposed on the way); register tiles of pixels x output channels then
- *    read every kernel tap straight from them, so no unfolded matrix is ever made;
+ *  - direct (opkit's generated micro-kernels, opkit/codegen/gemm.py: declared by the module,
+ *    OPK_GL_F defined, and compiled into the runtime it links): the block's input rows are
+ *    copied once, zero-padded, in the compute type (float16 converted, NCHW transposed on the
+ *    way), or read where they are; register tiles then read every kernel tap straight from
+ *    them, so no unfolded matrix is ever made;
  *  - BLAS: the block's receptive fields are unfolded into a thread-local matrix and multiplied
  *    with the packed weights in one single-threaded GEMM (SciPy's BLAS); the library's thread
  *    count is 1 for the duration of the call, so its own pool stays asleep.
@@ -33,6 +34,8 @@ typedef void (*opk_blas_set_fn)(int);
 typedef int (*opk_blas_get_fn)(void);
 
 #define OPK_MAXSTAT 8
+/* input channels the direct path transposes at a time from NCHW (their rows held in `tmp`) */
+#define OPK_CONV_TGROUP 16
 /* unfolded bytes a block aims at: the block's matrix and result stay in the core's L2 */
 #ifndef OPK_CONV_BLOCK_BYTES
 #define OPK_CONV_BLOCK_BYTES (384 * 1024)
@@ -49,7 +52,8 @@ typedef struct {
 
 typedef struct {
     /* the convolution: x[N, C, H, W] (byte strides xs over the logical dims), the packed weights
-     * (compute type: [KH*KW*C, O] for NHWC, [O, C*KH*KW] for NCHW), the output's layout */
+     * (compute type: [KH*KW*C, O] for the micro-kernels and BLAS in NHWC, [O, C*KH*KW] for
+     * BLAS in NCHW), the output's layout */
     Py_ssize_t N, C, H, W, O, KH, KW, OH, OW, stride, pad;
     int nhwc, ccode;
     const char *x;
@@ -94,7 +98,7 @@ static inline void opk_conv_block_strides(const opk_conv *cv, Py_ssize_t P, Py_s
 }
 
 /* Output rows per block and the number of blocks: about OPK_CONV_BLOCK_BYTES of unfolded input
- * per block, at least one row. */
+ * (BLAS), or of result and input rows (direct), per block; at least one row. */
 static inline Py_ssize_t opk_conv_plan(opk_conv *cv)
 {
     const Py_ssize_t cs = OPK_CSIZE(cv->ccode);
@@ -167,7 +171,16 @@ static void opk_im2col(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_ssiz
 }
 
 #ifdef OPK_GL_F
-#define OPK_CONV_TGROUP 16
+/* Input columns [jlo, jhi) of the padded rows hold x's columns [jlo - pad, jhi - pad); the
+ * rest are zeros. */
+static inline void opk_conv_cols(const opk_conv *cv, Py_ssize_t *jlo, Py_ssize_t *jhi)
+{
+    const Py_ssize_t Wp = (cv->OW - 1) * cv->stride + cv->KW;
+    *jlo = cv->pad < Wp ? cv->pad : Wp;
+    *jhi = cv->W + cv->pad < Wp ? cv->W + cv->pad : Wp;
+    if (*jhi < *jlo) *jhi = *jlo;
+}
+
 /* The input rows output rows [oh0, oh0 + rows) of image n read, zero-padded, channels last, in
  * the compute type: [R][Wp][C], R = (rows - 1) * stride + KH, Wp = (OW - 1) * stride + KW, column
  * j being input column j - pad. `tmp` holds OPK_CONV_TGROUP channels' input rows (NCHW's
@@ -178,8 +191,9 @@ static void opk_conv_input(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, Py_
     const int cc = cv->ccode;
     const Py_ssize_t cs = OPK_CSIZE(cc), C = cv->C, s = cv->stride, pad = cv->pad;
     const Py_ssize_t R = (rows - 1) * s + cv->KH, Wp = (cv->OW - 1) * s + cv->KW;
-    const Py_ssize_t jlo = pad < Wp ? pad : Wp, jhi = cv->W + pad < Wp ? cv->W + pad : Wp;
-    const Py_ssize_t nj = jhi > jlo ? jhi - jlo : 0;
+    Py_ssize_t jlo, jhi;
+    opk_conv_cols(cv, &jlo, &jhi);
+    const Py_ssize_t nj = jhi - jlo;
     /* channels, then pixels, run on in memory: one load per row */
     const int packed = cv->xs[3] == C * cv->xs[1] || cv->C == 1 || nj <= 1;
     const char *xn = cv->x + n * cv->xs[0];
@@ -230,8 +244,9 @@ static void opk_conv_input_cm(const opk_conv *cv, Py_ssize_t n, Py_ssize_t oh0, 
     const int cc = cv->ccode;
     const Py_ssize_t cs = OPK_CSIZE(cc), s = cv->stride, pad = cv->pad;
     const Py_ssize_t R = (rows - 1) * s + cv->KH, Wp = (cv->OW - 1) * s + cv->KW;
-    const Py_ssize_t jlo = pad < Wp ? pad : Wp, jhi = cv->W + pad < Wp ? cv->W + pad : Wp;
-    const Py_ssize_t nj = jhi > jlo ? jhi - jlo : 0;
+    Py_ssize_t jlo, jhi;
+    opk_conv_cols(cv, &jlo, &jhi);
+    const Py_ssize_t nj = jhi - jlo;
     const char *xn = cv->x + n * cv->xs[0];
     for (Py_ssize_t c = 0; c < cv->C; c++) {
         for (Py_ssize_t r = 0; r < R; r++) {
@@ -312,8 +327,8 @@ static void opk_conv_direct_##tag(const opk_conv *cv, const char *xin, Py_ssize_
 OPK_CONV_DIRECT(f, float, OPK_GL_F, OPK_GNV_F)
 OPK_CONV_DIRECT(d, double, OPK_GL_D, OPK_GNV_D)
 
-/* The weights [K][O] in panels of up to NVMAX vectors of output channels, [panel][K][nr], zeros
- * past O; ld = the padded width. NULL when memory cannot be had. */
+/* A block row's width: the output channels in panels of up to NVMAX vectors, the last padded
+ * to whole vectors. */
 static Py_ssize_t opk_conv_width(const opk_conv *cv)
 {
     const int dbl = cv->ccode == OPK_F64;
@@ -322,6 +337,9 @@ static Py_ssize_t opk_conv_width(const opk_conv *cv)
     return last + opk_cdiv(cv->O - last, L) * L;
 }
 
+/* The weights [K][O] in panels of up to NVMAX vectors of output channels, [panel][K][nr], zeros
+ * past O (channel-major tiles: [O][K]), aligned for vector loads; sets ld and cm. NULL when
+ * memory cannot be had. */
 static char *opk_conv_panels(opk_conv *cv)
 {
     const int dbl = cv->ccode == OPK_F64;
@@ -500,11 +518,12 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
                         cv->xs[1] == cs && cv->xs[2] % cs == 0 && cv->xs[3] % cs == 0 &&
                         (cv->OH - 1) * cv->stride + cv->KH <= cv->H &&
                         (cv->OW - 1) * cv->stride + cv->KW <= cv->W;
-    /* the block's result; direct: its padded input rows and one channel's row, else unfolded */
+    /* the block's result; direct: its padded input rows (none when read in place) and
+     * OPK_CONV_TGROUP channels' rows, else its unfolded matrix */
     const Py_ssize_t width = direct ? cv->ld : cv->O;
-    const Py_ssize_t incols = direct ? ((cv->rows - 1) * cv->stride + cv->KH) *
-                                       ((cv->OW - 1) * cv->stride + cv->KW) * cv->C + 16 * cv->W
-                                     : K * Pmax;
+    const Py_ssize_t incols = !direct ? K * Pmax : inplace ? 0 :
+        ((cv->rows - 1) * cv->stride + cv->KH) * ((cv->OW - 1) * cv->stride + cv->KW) * cv->C +
+        OPK_CONV_TGROUP * cv->W;
     char *cols = (char *)PyMem_RawMalloc((size_t)(incols * cs) + 64);
     char *res = (char *)PyMem_RawMalloc((size_t)(width * Pmax * cs) + 64);
     char *tmp = cv->nstat ? (char *)PyMem_RawMalloc((size_t)(width * Pmax * cs) + 64) : NULL;
@@ -520,7 +539,6 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
         const Py_ssize_t rows = cv->OH - oh0 < cv->rows ? cv->OH - oh0 : cv->rows, P = rows * cv->OW;
         if (direct) {
 #ifdef OPK_GL_F
-            char *row = cols + (incols - 16 * cv->W) * cs;  /* OPK_CONV_TGROUP rows */
             const char *xin = cols;
             Py_ssize_t hs = ((cv->OW - 1) * cv->stride + cv->KW) * cv->C, ws = cv->C;
             if (cv->cm) {
@@ -529,8 +547,8 @@ static int opk_conv_part(const opk_conv *cv, Py_ssize_t b0, Py_ssize_t b1)
                 xin = cv->x + n * cv->xs[0] + oh0 * cv->stride * cv->xs[2];
                 hs = cv->xs[2] / cs;
                 ws = cv->xs[3] / cs;
-            } else {
-                opk_conv_input(cv, n, oh0, rows, cols, row);
+            } else {  /* OPK_CONV_TGROUP channels' rows after the padded rows */
+                opk_conv_input(cv, n, oh0, rows, cols, cols + (incols - OPK_CONV_TGROUP * cv->W) * cs);
             }
             if (cv->ccode == OPK_F64) opk_conv_direct_d(cv, xin, hs, ws, res, rows);
             else opk_conv_direct_f(cv, xin, hs, ws, res, rows);
@@ -690,9 +708,10 @@ static int opk_conv_dw_run(opk_conv *cv, char *dw)
     cv->cm = 0;
     cv->ld = opk_conv_width(cv);
     const Py_ssize_t nb = opk_conv_plan(cv), each = K * cv->ld * cs;
+    const Py_ssize_t fit = OPK_DW_PARTIAL_BYTES / each > 0 ? OPK_DW_PARTIAL_BYTES / each : 1;
     Py_ssize_t nc = OPK_DW_CHUNKS;
     if (nc > nb) nc = nb;
-    if (nc > OPK_DW_PARTIAL_BYTES / each) nc = OPK_DW_PARTIAL_BYTES / each > 0 ? OPK_DW_PARTIAL_BYTES / each : 1;
+    if (nc > fit) nc = fit;
     char *parts = (char *)PyMem_RawMalloc((size_t)(nc * each) + 64);
     if (parts == NULL) return -1;
     int nt = cv->threads < 1 ? 1 : cv->threads, failed = 0;

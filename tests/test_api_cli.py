@@ -196,9 +196,10 @@ def test_build_gathers_fusion_notes_into_lines_after_the_table(monkeypatch):
         "note: Cannot fuse gt with preceding op conv2d: a condition",
         "note: OPKIT_GEMM=blas and SciPy is not installed, so 2 operator(s) (conv2d_bias_leaky_relu, "
         "conv2d_bn_leaky_relu) run their convolution or matmul and the elementwise work after it "
-        "one after the other instead of fused (same results, slower): unset OPKIT_GEMM (or "
-        "OPKIT_BLAS) to fuse them"]
+        "one after the other instead of fused (same results, slower): pip install scipy, or "
+        "unset OPKIT_GEMM for opkit's own GEMM, to fuse them"]
     monkeypatch.setenv("OPKIT_BLAS", "none")
     assert _summarized(notes)[1].startswith("note: OPKIT_GEMM=none, so 2 operator(s)")
+    assert _summarized(notes)[1].endswith("unset OPKIT_GEMM (and OPKIT_BLAS) to fuse them")
     with pytest.warns(FusionWarning):  # outside the build, a FusionWarning is a warning again
         warn(1)

@@ -43,6 +43,25 @@ def from_layout(a, layout):
     return a.transpose(0, 3, 1, 2) if layout == "NHWC" else a
 
 
+# unit roundoff of each dtype; float16 is computed in float32
+UNIT = {np.dtype(np.float64): 2.0 ** -53, np.dtype(np.float32): 2.0 ** -24,
+        np.dtype(np.float16): 2.0 ** -11}
+
+
+def assert_sums_close(got, ref, absref, dtype, terms):
+    """got (dtype) against ref (float64 of the same rounded inputs) within the rounding of a sum
+    of `terms` products in the compute type (Higham's gamma_n bound on absref, the same sum of
+    the terms' magnitudes) and one rounding to dtype: a bound correct code cannot miss and a
+    wrong term cannot meet."""
+    dtype = np.dtype(dtype)
+    acc = UNIT[np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)]
+    gamma = terms * acc / (1 - terms * acc)
+    bound = UNIT[dtype] * np.abs(ref) + (1 + UNIT[dtype]) * gamma * absref + 1e-300
+    err = np.abs(np.asarray(got, np.float64) - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (dtype, worst, err[worst], bound[worst])
+
+
 CASES = [(1, 1, 3), (2, 0, 3), (2, 2, 5), (1, 0, 1), (1, 2, 3)]
 
 
@@ -371,21 +390,19 @@ def test_generated_gemm_tiles_panels_and_tails(layout, o, c, stride, k):
     xfull = rng.standard_normal((3, c, 11, 14 if layout == "NCHW" else 13))
     x = xfull[:, :, ::-1, ::1]  # rows reversed: a negative stride
     w, b = rng.standard_normal((o, c, k, k)), rng.standard_normal(o)
-    want = leaky(conv_numpy(np.ascontiguousarray(x), w, stride, k // 2) + b[:, None, None])
     xl = x.transpose(0, 2, 3, 1) if layout == "NHWC" else x   # channels last: a strided view
-    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-4), (np.float16, 2e-2)):
+    for dtype in (np.float64, np.float32, np.float16):
+        xr, wr, br = (a.astype(dtype).astype(np.float64) for a in (np.ascontiguousarray(x), w, b))
+        z = conv_numpy(xr, wr, stride, k // 2) + br[:, None, None]
+        absz = conv_numpy(np.abs(xr), np.abs(wr), stride, k // 2) + np.abs(br)[:, None, None]
         for threads in (1, 2):
             with opkit.config(num_threads=threads):
                 y = opkit.ops.conv2d_bias_leaky_relu(xl.astype(dtype), w.astype(dtype),
                                                      b.astype(dtype), stride=stride,
                                                      padding=k // 2, layout=layout)
             assert y.dtype == dtype
-            ref = want if dtype != np.float16 else leaky(
-                conv_numpy(np.ascontiguousarray(x).astype(np.float16).astype(np.float64),
-                           w.astype(np.float16).astype(np.float64), stride, k // 2)
-                + b.astype(np.float16)[:, None, None])
-            np.testing.assert_allclose(from_layout(y, layout).astype(np.float64), ref,
-                                       rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))
+            # LeakyReLU scales an error by at most 1
+            assert_sums_close(from_layout(y, layout), leaky(z), absz, dtype, c * k * k + 1)
 
 
 def conv_grads_numpy(x, w, g, stride, padding):
@@ -438,8 +455,10 @@ def test_conv_gradients_run_compiled(conv_plain, monkeypatch, layout, stride, pa
     x, w = rng.standard_normal((2, 5, 9, 10)), rng.standard_normal((7, 5, kh, kw))
     oh, ow = (9 + 2 * padding - kh) // stride + 1, (10 + 2 * padding - kw) // stride + 1
     g = rng.standard_normal((2, 7, oh, ow))
-    want_dx, want_dw = conv_grads_numpy(x, w, g, stride, padding)
-    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-4), (np.float16, 3e-2)):
+    for dtype in (np.float64, np.float32, np.float16):
+        xr, wr, gr = (a.astype(dtype).astype(np.float64) for a in (x, w, g))
+        want_dx, want_dw = conv_grads_numpy(xr, wr, gr, stride, padding)
+        abs_dx, abs_dw = conv_grads_numpy(np.abs(xr), np.abs(wr), np.abs(gr), stride, padding)
         got = []
         for threads in (1, 2):
             with opkit.config(num_threads=threads):
@@ -448,10 +467,8 @@ def test_conv_gradients_run_compiled(conv_plain, monkeypatch, layout, stride, pa
         for a, b in zip(*got):
             np.testing.assert_array_equal(a, b)
         dx, dw = got[0]
-        scale = 1.0 if dtype != np.float16 else 8.0
-        np.testing.assert_allclose(from_layout(dx, layout).astype(np.float64), want_dx,
-                                   rtol=tol, atol=tol * scale)
-        np.testing.assert_allclose(dw.astype(np.float64), want_dw, rtol=tol, atol=tol * scale * 4)
+        assert_sums_close(from_layout(dx, layout), want_dx, abs_dx, dtype, 7 * kh * kw)
+        assert_sums_close(dw, want_dw, abs_dw, dtype, 2 * oh * ow)
     assert ("conv2d_dw", True) in ran and ("conv2d_dx", True) in ran
     assert all(ok for _, ok in ran)
 
@@ -492,29 +509,30 @@ def test_conv_transpose2d_is_the_adjoint_of_conv2d(conv_transposed, monkeypatch,
     x, w, b = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((3, 6, k, k)), rng.standard_normal(6)
     th, tw = (5 - 1) * stride - 2 * padding + k, (4 - 1) * stride - 2 * padding + k
     g = rng.standard_normal((2, 6, th, tw))
-    conv_of_g = conv_numpy(g, w, stride, padding)            # conv2d(g, w): [2, 3, 5, 4]
-    assert conv_of_g.shape == x.shape
-    for dtype, tol in ((np.float64, 1e-11), (np.float32, 1e-4), (np.float16, 3e-2)):
-        xd, wd, bd = x.astype(dtype), w.astype(dtype), b.astype(dtype)
-        y = conv_transposed(to_layout(xd, layout), wd, bd, s=stride, p=padding, layout=layout)
-        y = from_layout(y, layout).astype(np.float64)
+    for dtype in (np.float64, np.float32, np.float16):
+        xr, wr, br, gr = (a.astype(dtype).astype(np.float64) for a in (x, w, b, g))
+        y = conv_transposed(to_layout(x.astype(dtype), layout), w.astype(dtype), b.astype(dtype),
+                            s=stride, p=padding, layout=layout)
+        y = from_layout(y, layout)
         assert y.shape == g.shape
-        xe, we = xd.astype(np.float64), wd.astype(np.float64)
-        lhs = np.sum((y - bd.astype(np.float64)[:, None, None]) * g)
-        rhs = np.sum(xe * conv_numpy(g, we, stride, padding))
-        assert abs(lhs - rhs) <= tol * max(1.0, np.abs(y).sum() * np.abs(g).max()), (dtype, lhs, rhs)
-        dx, dw, db = conv_transposed.backward(to_layout(g.astype(dtype), layout), to_layout(xd, layout),
-                                              wd, bd, s=stride, p=padding, layout=layout)
-        scale = max(1.0, np.abs(conv_of_g).max())
-        np.testing.assert_allclose(from_layout(dx, layout).astype(np.float64),
-                                   conv_numpy(g.astype(dtype).astype(np.float64), we, stride, padding),
-                                   rtol=tol, atol=tol * scale)
+        # conv_transpose2d(x, w) is conv2d's input gradient for the output gradient x: the
+        # adjoint sums, with <conv_transpose2d(x, w), g> = <x, conv2d(g, w)> for the direct ones
+        want = conv_grads_numpy(np.zeros(g.shape), wr, xr, stride, padding)[0]
+        absy = conv_grads_numpy(np.zeros(g.shape), np.abs(wr), np.abs(xr), stride, padding)[0]
+        assert_sums_close(y, want + br[:, None, None], absy + np.abs(br)[:, None, None], dtype,
+                          3 * k * k + 1)
+        assert np.isclose(np.sum(want * gr), np.sum(xr * conv_numpy(gr, wr, stride, padding)),
+                          rtol=1e-12, atol=1e-12 * np.sum(absy * np.abs(gr)))
+        dx, dw, db = conv_transposed.backward(to_layout(g.astype(dtype), layout),
+                                              to_layout(x.astype(dtype), layout), w.astype(dtype),
+                                              b.astype(dtype), s=stride, p=padding, layout=layout)
+        assert_sums_close(from_layout(dx, layout), conv_numpy(gr, wr, stride, padding),
+                          conv_numpy(np.abs(gr), np.abs(wr), stride, padding), dtype, 6 * k * k)
         # y = conv2d's input gradient of x: dw is the correlation of dy (as the input) with x
-        want_dw = conv_grads_numpy(g.astype(dtype).astype(np.float64), we, xe, stride, padding)[1]
-        np.testing.assert_allclose(dw.astype(np.float64), want_dw, rtol=tol,
-                                   atol=tol * max(1.0, np.abs(want_dw).max()))
-        np.testing.assert_allclose(db.astype(np.float64), g.astype(dtype).astype(np.float64).sum((0, 2, 3)),
-                                   rtol=tol, atol=tol * 10)
+        want_dw, abs_dw = (conv_grads_numpy(a, b_, c_, stride, padding)[1] for a, b_, c_ in
+                           ((gr, wr, xr), (np.abs(gr), np.abs(wr), np.abs(xr))))
+        assert_sums_close(dw, want_dw, abs_dw, dtype, 2 * 5 * 4)
+        assert_sums_close(db, gr.sum((0, 2, 3)), np.abs(gr).sum((0, 2, 3)), dtype, 2 * th * tw)
     assert "conv_transpose2d" in ran and "conv2d_dw" in ran   # the module's kernels ran them
 
 

@@ -81,10 +81,10 @@ def _torch_chain(torch, F, x, wt, g, b, m, v, layout, pad):
     return run
 
 
-def _frozen_chain(torch, x, wt, g, b, m, v, layout, pad):
+def _frozen_chain(torch, x, wt, g, b, m, v, layout, pad, eager):
     """torch.compile with freezing (batch norm folded into the convolution, oneDNN's
     convolution with the activation fused) of the chain as a module, channels_last; None where
-    compiling fails."""
+    compiling fails. RuntimeError if it does not compute what `eager` (the eager chain) does."""
     import torch._inductor.config as inductor
     c, o, k = wt.shape[1], wt.shape[0], wt.shape[2]
     model = torch.nn.Sequential(torch.nn.Conv2d(c, o, k, padding=pad, bias=False),
@@ -103,6 +103,11 @@ def _frozen_chain(torch, x, wt, g, b, m, v, layout, pad):
             fn(tx)
     except Exception:  # no working compiler: the column is left out
         return None
+    with torch.no_grad():
+        got, want = fn(tx), eager()
+    if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+        raise RuntimeError("opkit bench: the torch.compile column does not compute the eager "
+                           f"chain (max difference {float((got - want).abs().max()):g})")
 
     def run():
         with torch.no_grad():
@@ -129,7 +134,8 @@ def conv_bn_case(shape, k, layout, rng, dtype=np.float32, compiled=False):
         fns["torch"] = _torch_chain(torch, F, x, wt, g, b, m, v, layout, pad)
         fns["torch CL"] = fns["torch"] if layout == "NHWC" else _torch_chain(
             torch, F, np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt, g, b, m, v, "NHWC", pad)
-        frozen = _frozen_chain(torch, x, wt, g, b, m, v, layout, pad) if compiled else None
+        frozen = _frozen_chain(torch, x, wt, g, b, m, v, layout, pad, fns["torch"]) \
+            if compiled else None
         if frozen is not None:
             fns["torch.compile freezing"] = frozen
     return fns, 2 * x.nbytes

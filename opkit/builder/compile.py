@@ -82,8 +82,9 @@ def content_key(name: str, source: str, spec_canonical: dict, tc: Toolchain) -> 
     return cache.cache_key(_material(name, source, spec_canonical, tc.content_material()))
 
 
-# The BLAS line of a module with fused calls names SciPy's version; a shipped module runs with
-# any SciPy, since cython_blas's functions are looked up by name when the module is imported
+# The GEMM line of a module whose fused calls run on SciPy's BLAS (OPKIT_GEMM=blas) names
+# SciPy's version; a shipped module runs with any SciPy, since cython_blas's functions are
+# looked up by name when the module is imported
 _BLAS_VERSION = re.compile(r"^(# GEMM: SciPy) [^ (]+ (BLAS \()", re.M)
 
 

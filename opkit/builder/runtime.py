@@ -4,9 +4,9 @@ templates/opkit_kernel.h's walk (opk_run, opk_walk and what they call: the row a
 loops, float16 streaming, folded sums, chunked partials) is the largest code of every module
 and the same in all of them: it reaches a kernel only through the function pointers of
 opk_kernel. So are the fused calls' GEMM micro-kernels (codegen/gemm.py), which depend only
-on the target's vectors. Compiled with OPK_RUNTIME into `opk_runtime.o` once, keyed like a module (its
-source, the templates, the toolchain), it is linked into each module instead of being compiled
-again for each operator. The module that links it is self-contained: the object is only needed
+on the target's vectors. Compiled with OPK_RUNTIME into `opk_runtime.o` once, keyed like a
+module (its source, the templates, the toolchain), it is linked into each module instead of
+being compiled again for each operator. The module that links it is self-contained: the object is only needed
 while modules are being built. Like a module, the object is used only while it matches the
 size and sha256 recorded when it was built (`runtime.json`); a damaged one is compiled again.
 """

@@ -1,18 +1,22 @@
 """The GEMM micro-kernels of fused convolutions, generated for the target's vector registers.
 
 A fused convolution multiplies a block of output pixels' receptive fields by the packed weights
-(templates/opkit_conv.h). Its inner step is a register tile: `m` pixels × `nv` vectors of output
-channels, held in `m * nv` accumulator registers over the whole reduction (every kernel tap ×
-every input channel), each step one vector load per channel vector, one broadcast per pixel and
-`m * nv` fused multiply-adds; the tile is stored pixel-major (NHWC blocks) or each lane to its
-channel's row (NCHW blocks). The tile's shape follows the register file: the largest `m` with
-`m * nv` accumulators + `nv` weight vectors + one broadcast in the registers the ISA has, so
-AVX-512 (32 registers of 16 floats) runs 6 pixels × 64 channels and AVX2 (16 of 8) 6 × 16.
+(templates/opkit_conv.h). Its inner step is a register tile: `m` rows (pixels; output channels
+in NCHW's channel-major tiles; input channels for the weight gradient) × `nv` vectors, held in
+`m * nv` accumulator registers over the whole reduction (every kernel tap × every channel it
+sums), each step one vector load per column vector, one broadcast per row and `m * nv` fused
+multiply-adds; the tile is stored row by row, or each lane to its channel's row (NCHW blocks),
+or added to what is there (the weight gradient's partial sums). The tile's shape follows the
+register file: the largest `m` (up to MAX_ROWS) with `m * nv` accumulators + `nv` loaded vectors
++ one broadcast in the registers the ISA has, so AVX-512 (32 registers of 16 floats) runs
+6 pixels × 64 channels and AVX2 (16 of 8) 6 × 16.
 
 The source is written out with one named variable per accumulator, so the compiler keeps each
 in a register; the vectors are GCC/Clang vector extensions, so the same text compiles for any
-ISA the target names. Multiply-adds are contracted (one rounding) inside these functions only:
-the rest of the module keeps -ffp-contract=off.
+ISA the target names. The module gets the declarations (gemm_declarations); the kernels are
+compiled into the runtime object every module links (gemm_definitions, builder/runtime.py),
+with multiply-adds contracted (one rounding) inside these functions only: the rest keeps
+-ffp-contract=off.
 """
 from __future__ import annotations
 
@@ -37,9 +41,10 @@ class TileShape:
 
     @property
     def max_nv(self) -> int:
-        """Channel vectors of the widest tile: as many as keep 6 pixel rows in registers."""
+        """Column vectors of the widest tile: as many (up to 4) as keep MAX_ROWS rows in
+        registers."""
         nv = 1
-        while self.rows(nv + 1) >= 6 and nv < 4:
+        while self.rows(nv + 1) >= MAX_ROWS and nv < 4:
             nv += 1
         return nv
 
@@ -48,7 +53,7 @@ class TileShape:
 
 
 def tile_shape(vector_bytes: int, elem: int) -> TileShape:
-    # 32 vector registers with AVX-512 (and on AArch64), 16 with SSE/AVX
+    # 32 vector registers with AVX-512, else 16 as SSE/AVX have (AArch64's 32 unused)
     return TileShape(vector_bytes, 32 if vector_bytes >= 64 else 16, elem)
 
 
@@ -106,6 +111,11 @@ def _table(tag: str, shape: TileShape) -> List[str]:
     return out
 
 
+def _shapes(vector_bytes: int):
+    """(tag, C type, element bytes, tile shape) of each compute type."""
+    return [(tag, ctype, elem, tile_shape(vector_bytes, elem)) for tag, ctype, elem in C_TYPES]
+
+
 def gemm_declarations(vector_bytes: int) -> str:
     """What a module's fused calls need of the micro-kernels: the tile constants, the vector
     types and the tables of kernels by [channel vectors][rows], which the runtime defines."""
@@ -116,8 +126,7 @@ def gemm_declarations(vector_bytes: int) -> str:
            "#else",
            "#define OPK_GEMM_FN",
            "#endif"]
-    for tag, ctype, elem in C_TYPES:
-        shape = tile_shape(vector_bytes, elem)
+    for tag, ctype, elem, shape in _shapes(vector_bytes):
         out += [f"#define OPK_GL_{tag.upper()} {shape.lanes}",
                 f"#define OPK_GNV_{tag.upper()} {shape.max_nv}",
                 f"typedef {ctype} opk_gv{tag} __attribute__((vector_size({shape.lanes * elem})));",
@@ -139,8 +148,7 @@ def gemm_definitions(vector_bytes: int) -> str:
            "#pragma GCC push_options",
            '#pragma GCC optimize("fp-contract=fast")',
            "#endif"]
-    for tag, ctype, elem in C_TYPES:
-        shape = tile_shape(vector_bytes, elem)
+    for tag, ctype, _, shape in _shapes(vector_bytes):
         for nv in range(1, shape.max_nv + 1):
             for m in range(1, shape.rows(nv) + 1):
                 out.append(_kernel(tag, ctype, m, nv))

@@ -558,7 +558,7 @@ def render(spec: OpSpec, graphs: OpGraphs, lowered: Lowered, target: Target,
     lib = gemm()
     fused = [f for low in [lowered, *(o[2] for o in others)]
              for f in fused_contexts(low, kernels)] if lib is not None else []
-    # the weight gradient and the stride-1 transposed convolution run on the same micro-kernels
+    # conv2d's gradients and conv_transpose2d run on the same micro-kernels (runtime/conv_grads.py)
     conv_grads = lib is not None and lib.name == "opkit" and any(
         isinstance(s, LibCall) and s.prim in (Op.CONV2D_DX, Op.CONV2D_DW, Op.CONV_TRANSPOSE2D)
         for low in [lowered, *(o[2] for o in others)]

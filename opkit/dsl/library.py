@@ -660,28 +660,11 @@ register(LibraryPrimitive(Op.CONV2D_DW, _run_conv2d_dw, _conv2d_dw_vjp,
 # conv_transpose2d(x, w, stride, padding): PyTorch's transposed convolution, x [N, C, H, W], w
 # [C, O, KH, KW] (ConvTranspose2d's order), the result [N, O, TH, TW] with
 # TH = (H - 1) * stride - 2 * padding + KH: conv2d's gradient with respect to its input, with x
-# as that gradient and w as the convolution's weights. Its derivatives are conv2d's.
+# as that gradient and w as the convolution's weights; its derivatives are conv2d_dx's (the
+# convolution of dy, and the correlation of dy with x).
 
 def transposed_size(n: int, k: int, stride: int, padding: int) -> int:
     return (n - 1) * stride - 2 * padding + k
-
-
-def _run_conv_transpose2d(ctx: Context, args, params):
-    xv, wv, stride, padding = args
-    x_dims, w_dims, out_dims = params
-    x, w = _logical(xv, x_dims), _logical(wv, w_dims)
-    s, p = conv_ints(stride[0], padding[0])
-    out = conv2d_dx_ref(x, w, s, p, ctx.size(out_dims[2]), ctx.size(out_dims[3]),
-                        _conv_dtype(ctx, x, w))
-    return out, out_dims
-
-
-def _conv_transpose2d_vjp(g, out, x, w, stride, padding):
-    # y = conv2d_dx(x, w): dx is the convolution of dy, dw the correlation of dy with x
-    x_dims, w_dims, out_dims = out.params
-    dx = Node(Op.CONV2D, (g, w, stride, padding), (out_dims, w_dims, x_dims), ValueKind.FLOAT, x_dims)
-    dw = Node(Op.CONV2D_DW, (g, x, stride, padding), (out_dims, x_dims, w_dims), ValueKind.FLOAT, w_dims)
-    return (dx, dw, None, None)
 
 
 def _transposed_sizes(node: Node, sizes: Dict[str, int], value_of) -> Dict[str, int]:
@@ -690,7 +673,9 @@ def _transposed_sizes(node: Node, sizes: Dict[str, int], value_of) -> Dict[str, 
         f"+ {k} - 2 * padding = {size} with {d} = {n}, {k} = {kn}, stride {s}, padding {p}"))
 
 
-register(LibraryPrimitive(Op.CONV_TRANSPOSE2D, _run_conv_transpose2d, _conv_transpose2d_vjp,
+# conv2d_dx under its own name: the same run and derivatives, but its output dims are new ones
+# the call creates (their sizes by _transposed_sizes)
+register(LibraryPrimitive(Op.CONV_TRANSPOSE2D, _run_conv2d_dx, _conv2d_dx_vjp,
                           "2-d transposed convolution of x[N, C, H, W] with w[C, O, KH, KW]",
                           scalar_args=(2, 3), format=_conv_format("conv_transpose2d"),
                           sizes=_transposed_sizes))

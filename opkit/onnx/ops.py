@@ -394,9 +394,11 @@ def _conv2d(em, node, args, ctx) -> Val:
     return Val(em.op("Conv", x, w, strides=[s, s], pads=[p, p, p, p]), tuple(out_dims))
 
 
+@onnx_lowering("conv_transpose2d")
 @onnx_lowering("conv2d_dx")
 def _conv2d_dx(em, node, args, ctx) -> Val:
-    """The transposed convolution, padded at the end to x's size (rows no window reached)."""
+    """The transposed convolution, padded at the end to x's size (rows no window reached; none
+    for conv_transpose2d, whose size is the transposed convolution's own)."""
     g_dims, w_dims, x_dims = node.params
     s, p = _conv_ints(node, ctx, "conv2d's gradient")
     g, w = _logical(em, args[0], g_dims, ctx), _logical(em, args[1], w_dims, ctx)
@@ -406,14 +408,6 @@ def _conv2d_dx(em, node, args, ctx) -> Val:
         extra.append(h - (s * (n - 1) + k - 2 * p))
     return Val(em.op("ConvTranspose", g, w, strides=[s, s], pads=[p, p, p, p],
                      output_padding=extra), tuple(x_dims))
-
-
-@onnx_lowering("conv_transpose2d")
-def _conv_transpose2d(em, node, args, ctx) -> Val:
-    x_dims, w_dims, out_dims = node.params
-    s, p = _conv_ints(node, ctx, "conv_transpose2d")
-    x, w = _logical(em, args[0], x_dims, ctx), _logical(em, args[1], w_dims, ctx)
-    return Val(em.op("ConvTranspose", x, w, strides=[s, s], pads=[p, p, p, p]), tuple(out_dims))
 
 
 @onnx_lowering("conv2d_dw")

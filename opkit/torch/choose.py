@@ -1,7 +1,8 @@
 """optimize's conv="auto" with an example input: each fused chain's convolution runs where it
-measured faster on this machine (opkit's only where at least 5% faster) (opkit's fused operator or PyTorch's convolution with opkit's
-slope), in eval and in training, on the tensor the example gives that chain. The measurement
-leaves the model as it found it: modes, running statistics and gradients."""
+measured faster on this machine, opkit's fused operator or PyTorch's convolution with opkit's
+slope (opkit's only where at least 5% faster), in eval and in training, on the tensor the
+example gives that chain. The measurement leaves the model as it found it: modes, running
+statistics and gradients."""
 from __future__ import annotations
 
 import contextlib
