@@ -105,6 +105,25 @@ def test_the_digits_classifier_separates_the_digits():
         assert model.features(x[:10]).shape == (10, digits.FEATURES)
 
 
+def test_nyquist_share_finds_the_checkerboard():
+    board = torch.ones(3, 1, 8, 8)
+    board[..., ::2, 1::2] = -1
+    board[..., 1::2, ::2] = -1
+    assert digits.nyquist_share(board + 5.0) == pytest.approx(1.0)   # the mean does not count
+    stripes = torch.zeros(2, 1, 8, 8)
+    stripes[..., ::2] = 1.0                  # alternating columns: the Nyquist column only
+    assert digits.nyquist_share(stripes) == pytest.approx(1.0)
+    # nearest 2x upsampling cannot make a pattern that alternates from pixel to pixel
+    up = torch.nn.functional.interpolate(torch.randn(4, 1, 8, 8), scale_factor=2)
+    assert digits.nyquist_share(up) == pytest.approx(0.0, abs=1e-12)
+    # white noise: the Nyquist row and column hold (2n - 1) of the n * n - 1 non-constant bins
+    noise = torch.randn(4000, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert digits.nyquist_share(noise) == pytest.approx(15 / 63, rel=0.03)
+    assert digits.nyquist_share(torch.zeros(2, 1, 4, 4)) == 0.0
+    with pytest.raises(ValueError, match=r"even H and W; got \[2, 1, 5, 4\]"):
+        digits.nyquist_share(torch.zeros(2, 1, 5, 4))
+
+
 def test_real_digits_score_far_better_than_noise():
     scorer = digits.Scorer(**SILENT)
     noise = torch.rand(500, 1, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
@@ -135,6 +154,31 @@ def test_fused_block_is_conv_batchnorm_leakyrelu():
     torch.testing.assert_close(fused(x), ref(x), rtol=1e-5, atol=1e-5)
 
 
+def test_fixed_point_slopes():
+    """alpha_bits: a fixed slope is rounded once; a learnable map is rounded in each forward,
+    its gradient reaching the float map unchanged; `tuned` is 0.25."""
+    def negative_slopes(model):
+        return {round(m.negative_slope, 6) for m in model.modules()
+                if isinstance(m, torch.nn.LeakyReLU)}
+    assert negative_slopes(models.Generator("torch", alpha_bits=4)) == {0.1875}   # 3/16
+    assert negative_slopes(models.Discriminator("torch", alpha_bits=7)) == {0.203125}
+    assert {m.alpha for m in models.Generator("tuned").modules()
+            if isinstance(m, models.onn.LeakyReLU)} == {0.25}
+    act = models.FixedPointSpatialLeakyReLU((1, 1, 2, 3), init=0.2, bits=4)
+    with torch.no_grad():
+        act.alpha_map.copy_(torch.tensor([[0.2, 0.26, 0.34], [0.03, 0.5, 0.9]]))
+    x = -torch.rand(2, 1, 2, 3, dtype=torch.float32) - 0.5          # the negative branch
+    x.requires_grad_(True)
+    y = act(x)
+    rounded = torch.tensor([[3, 4, 5], [0, 8, 14]]) / 16.0
+    torch.testing.assert_close(y, x * rounded, rtol=0, atol=1e-7)
+    y.sum().backward()
+    torch.testing.assert_close(act.alpha_map.grad, x.detach().sum(0, keepdim=True))
+    torch.testing.assert_close(x.grad, rounded.expand(2, 1, 2, 3))
+    with pytest.raises(ValueError, match="bits must be in 1..15, got 0"):
+        models.FixedPointSpatialLeakyReLU((1, 1, 2, 2), init=0.2, bits=0)
+
+
 def test_every_variant_starts_from_the_same_weights():
     def shared(model):
         return {k: v for k, v in model.state_dict().items()
@@ -152,7 +196,8 @@ def test_every_variant_starts_from_the_same_weights():
 
 def test_unknown_variant_names_the_choices():
     with pytest.raises(ValueError, match="variant must be one of torch, plain, spatial, "
-                                         "conditional, freq, fused, optimized; got 'spacial'"):
+                                         "conditional, freq, fused, optimized, tuned; got "
+                                         "'spacial'"):
         models.Generator("spacial")
 
 
@@ -175,6 +220,65 @@ def test_variant_trains_and_writes_its_metrics(variant, tmp_path):
     assert saved["settings"] == want
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "samples.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_translate_moves_each_image_and_passes_gradients_back():
+    x = torch.randn(6, 2, 5, 7, requires_grad=True)
+    y = train.translate(x, 2, torch.Generator().manual_seed(3))
+    dy, dx = torch.randint(-2, 3, (2, 6, 1), generator=torch.Generator().manual_seed(3))
+    padded = torch.nn.functional.pad(x.detach(), (2, 2, 2, 2), value=-1.0)
+    for i in range(6):
+        want = torch.roll(padded[i], (-int(dy[i]), -int(dx[i])), dims=(1, 2))[:, 2:7, 2:9]
+        torch.testing.assert_close(y[i], want, rtol=0, atol=0)
+    w = torch.randn_like(y)
+    (y * w).sum().backward()   # the adjoint: each input pixel gets the weight where it landed
+    moved_back = torch.zeros(6, 2, 9, 11)
+    for i in range(6):
+        moved_back[i] = torch.roll(torch.nn.functional.pad(w[i], (2, 2, 2, 2)),
+                                   (int(dy[i]), int(dx[i])), dims=(1, 2))
+    torch.testing.assert_close(x.grad, moved_back[:, :, 2:7, 2:9])
+
+
+def test_calibrated_run_snaps_the_slope_maps(tmp_path):
+    # with the full settings' averaged generator, decay and channels_last too
+    m = train.train("spatial", 4, 0, tmp_path, alpha_bits=4, calibrate_every=2,
+                    calibrate_clip=0.1, ema=0.9, lr_decay=0.5, channels_last=True,
+                    **TINY, **SILENT)
+    assert [h["step"] for h in m["calibration"]["generator"]] == [2, 4]
+    assert set(m["calibration"]) == {"generator", "discriminator"}
+    assert m["settings"]["alpha_bits"] == 4 and len(m["nyquist"]) == len(m["scores"])
+    assert 0 < m["real_nyquist"] < 0.01
+    with pytest.raises(ValueError, match="calibrate_clip needs calibrate_every"):
+        train.train("spatial", 1, 0, calibrate_clip=0.1, **TINY, **SILENT)
+
+
+def test_learning_rate_decay_and_the_averaged_generator():
+    assert [train.lr_factor(st, 10, 0.4) for st in range(1, 11)] == [1.0] * 6 + [1.0, 0.75, 0.5, 0.25]
+    assert [train.lr_factor(st, 4, 0.0) for st in range(1, 5)] == [1.0] * 4
+    torch.manual_seed(0)
+    G = models.Generator("torch", width=4)
+    avg = train.Average(G, 0.9)
+    start = [p.detach().clone() for p in G.parameters()]
+    want = [p.clone() for p in start]
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            for p in G.parameters():
+                p.add_(0.5)
+        avg.update(G, step)
+        beta = min(0.9, (1 + step) / (10 + step))
+        want = [beta * w + (1 - beta) * p.detach() for w, p in zip(want, G.parameters())]
+    for got, w in zip(avg.model.parameters(), want):
+        torch.testing.assert_close(got.detach(), w)
+    # its batch norms measure their statistics again, for its own weights, over fresh z
+    model = avg.calibrated(16, models.Z_DIM, seed=3, batches=2)
+    gen = torch.Generator().manual_seed(20_000 + 3)
+    zs = [torch.randn(16, models.Z_DIM, generator=gen) for _ in range(2)]
+    stem_in = [model.stem.conv(z[:, :, None, None]).detach() for z in zs]
+    mean = torch.stack([f.mean(dim=(0, 2, 3)) for f in stem_in]).mean(0)
+    torch.testing.assert_close(model.stem.bn.running_mean, mean, rtol=1e-5, atol=1e-6)
+    assert int(model.stem.bn.num_batches_tracked) == 2 and model.stem.bn.momentum == 0.1
+    with pytest.raises(ValueError, match=r"ema must be in \(0, 1\) \(or 0: no average\); got 1.0"):
+        train.Average(G, 1.0)
 
 
 def test_same_seed_same_run_other_seed_other_run():
@@ -240,37 +344,111 @@ def test_sample_grid_without_matplotlib_says_so(tmp_path, monkeypatch):
 compare = importlib.import_module("compare")
 
 
-def run(variant, seed, score, seconds):
-    return {"variant": variant, "seed": seed, "score": score, "median_seconds_per_step": seconds}
+def run(variant, seed, late_scores, seconds, group="variants", config="", nyquist=None):
+    """A finished run's metrics as compare.py reads them: 8 steps, evaluations at 2, 4, 6 and
+    8 (the last quarter: 6 and 8)."""
+    scores = [[2, 500.0], [4, 300.0]] + [[st, x] for st, x in zip((6, 8), late_scores)]
+    m = {"variant": variant, "seed": seed, "steps": 8, "scores": scores, "score": scores[-1][1],
+         "median_seconds_per_step": seconds, "group": group, "config": config,
+         "name": f"{variant}-{seed}"}
+    if nyquist is not None:
+        m["nyquist"] = [[st, nyquist] for st, _ in scores]
+    return m
 
 
-def test_compare_summary_and_sentences():
-    metrics = [run("plain", s, x, 0.10) for s, x in enumerate([100.0, 104.0, 96.0])]
-    metrics += [run("spatial", s, x, 0.115) for s, x in enumerate([92.0, 94.0, 93.0])]
-    metrics.append({"variant": "optimized", "seed": 0, "error": "needs opkit.torch.optimize"})
+def test_compare_summary_scores_the_last_quarter():
+    metrics = [run("plain", s, (x - 1, x + 1), 0.10) for s, x in enumerate([100.0, 104.0, 96.0])]
+    metrics.append({"variant": "optimized", "seed": 0, "error": "needs opkit.torch.optimize",
+                    "group": "variants", "config": ""})
+    metrics.append(run("spatial", 0, (1.0, 1.0), 0.1, group="checker", config="q4"))
     s = compare.summarize(metrics)
+    assert s["plain"]["scores"] == [100.0, 104.0, 96.0]
     assert s["plain"]["score"] == 100.0 and s["plain"]["score_std"] == 4.0
-    assert s["spatial"]["seconds"] == pytest.approx(0.115)
+    assert s["plain"]["seconds"] == pytest.approx(0.10)
     assert s["optimized"]["errors"] and "score" not in s["optimized"]
-    text = compare.spatial_sentence(s)
-    assert "lowered the digits FID by 7.0%" in text and "+15% time" in text
-    assert "this is close to the ~7% better" in text
-    # the same means with a spread that covers the difference: not a finding
-    noisy = [run("plain", s, x, 0.1) for s, x in enumerate([80.0, 120.0, 100.0])]
-    noisy += [run("spatial", s, x, 0.115) for s, x in enumerate([70.0, 110.0, 99.0])]
-    assert "does not show an improvement either way" in compare.spatial_sentence(compare.summarize(noisy))
-    assert "this is not" in compare.spatial_sentence(compare.summarize(noisy))
-    bench = {"optimized_error": "needs opkit.torch.optimize", "eval": {}, "train": {}}
-    assert compare.optimized_sentence(s, bench) == (
-        "**optimized vs torch:** not measured in this run: needs opkit.torch.optimize.")
-    bench = {"optimized_error": None,
-             "eval": {"torch": {"speedup": 1.0}, "torch channels_last": {"speedup": 1.2},
-                      "optimized": {"speedup": 1.5}},
-             "train": {"torch": {"speedup": 1.0}, "torch channels_last": {"speedup": 1.1},
-                       "optimized": {"speedup": 1.21}}}
-    text = compare.optimized_sentence(s, bench)
-    assert "1.50× as fast as `torch` and a training step 1.21× as fast" in text
-    assert "(1.25× and 1.10× against `torch` in channels_last)" in text
+    assert "spatial" not in s   # a checkerboard run is not a variant's run
+    assert compare.summarize(metrics, "checker")["q4"]["score"] == 1.0
+
+
+def test_compare_sentences_follow_the_intervals():
+    plain = [run("plain", s, (x, x), 0.10) for s, x in enumerate([100.0, 101.0, 99.0, 100.5, 99.5])]
+    better = [run("spatial", s, (x, x), 0.115) for s, x in enumerate([92.0, 93.0, 91.0, 92.5, 91.5])]
+    text = compare.spatial_sentence(compare.summarize(plain + better))
+    assert "**holds**" in text and "-8.0% [" in text and "+15% time per training step" in text
+    same = [run("spatial", s, (x, x), 0.115) for s, x in enumerate([101.0, 99.0, 100.0, 100.5, 99.5])]
+    assert "**does not hold**" in compare.spatial_sentence(compare.summarize(plain + same))
+    wide = [run("spatial", s, (x, x), 0.115) for s, x in enumerate([80.0, 110.0, 95.0, 70.0, 105.0])]
+    assert "**cannot be told apart** at this many seeds" in compare.spatial_sentence(
+        compare.summarize(plain + wide))
+    bench = {"train": {"plain": {"ms": 10.0}, "spatial": {"ms": 12.5}}}
+    assert "+25% time per training step" in compare.spatial_sentence(
+        compare.summarize(plain + better), bench)
+
+    assert compare.speed_sentence({"optimized_error": "needs opkit.torch.optimize"}) == (
+        "**DCGAN tuning** (claimed: 23% faster training): not measured: needs "
+        "opkit.torch.optimize.")
+    row = lambda x, cl: {"speedup": x, "vs_cl": cl}  # noqa: E731
+    bench = {"eval": {compare.TUNED_ALL: row(1.5, 1.1)},
+             "train": {"torch α 0.25": row(1.0, 0.8), "fusion": row(1.1, 0.9),
+                       "NHWC": row(1.2, 1.0), compare.TUNED_ALL: row(1.3, 1.05)}}
+    text = compare.speed_sentence(bench)
+    assert "**holds** against PyTorch in NCHW: together the three trained 1.30×" in text
+    assert "(each alone: α 0.25 1.00×, fusion 1.10×, NHWC 1.20×), and 1.05×" in text
+    bench["train"][compare.TUNED_ALL] = row(1.2, 0.95)
+    assert "**does not hold**" in compare.speed_sentence(bench)
+
+    checker = [run("spatial", s, (1.0, 1.0), 0.1, "checker", cfg, ny)
+               for cfg, values in (("float", (1.0, 1.1, 0.9)), ("q7", (1.0, 1.2, 0.8)),
+                                   ("q4", (3.0, 3.1, 2.9)), ("q4-calibrated", (1.0, 1.1, 0.9)))
+               for s, ny in enumerate(values)]
+    text = compare.checker_sentence(compare.summarize(checker, "checker"), 0.5)
+    assert "over float slopes **holds** (+4.00× real [" in text
+    assert "for 7-bit slopes, **cannot be told apart**" in text
+    assert "against 4-bit slopes **holds** (-4.00× real [" in text
+
+
+def test_compare_plans_every_run_and_reuses_only_finished_ones(tmp_path):
+    args = compare.main.__globals__["argparse"].Namespace(
+        variants=["torch", "freq"], seeds=2, steps=10, checker_steps=20, checker_seeds=1,
+        settings={"width": 8})
+    plan = compare.planned(args)
+    assert len(plan) == 2 * 2 + len(compare.CHECKER)
+    assert plan[0].variant == "freq" and plan[-1].variant == "torch"   # the longest first
+    cal = next(r for r in plan if r.config == "q4-calibrated")
+    assert cal.overrides == {"width": 8, "alpha_bits": 4, "calibrate_every": 10,
+                             "calibrate_clip": 0.1}   # a short run still calibrates
+    run_ = next(r for r in plan if r.name == "torch-1")
+    path = tmp_path / "metrics.json"
+    assert compare.reusable(path, run_, True) is None
+    m = {"variant": "torch", "seed": 1, "steps": 10, "quick": True,
+         "settings": train.settings_for(True, width=8), "score": 1.0}
+    path.write_text(json.dumps(m))
+    assert compare.reusable(path, run_, True)["score"] == 1.0
+    assert compare.reusable(path, run_, False) is None
+    assert compare.reusable(path, run_._replace(steps=11), True) is None
+    assert compare.reusable(path, run_._replace(overrides={"width": 16}), True) is None
+    path.write_text('{"steps": 10, "qu')  # an interrupted write
+    assert compare.reusable(path, run_, True) is None
+
+
+def test_compare_progress_says_how_far_and_how_long(capsys):
+    runs = [compare.Run(f"torch-{s}", "variants", "torch", s, 100, {}) for s in range(3)]
+    progress = compare.Progress(runs, jobs=2)
+    clock = iter([10.0, 30.0, 40.0])
+    progress.t0 = 0.0
+    perf = compare.time.perf_counter
+    try:
+        compare.time.perf_counter = lambda: next(clock)
+        progress(runs[0], {"score": 50.0, "median_seconds_per_step": 0.05})
+        progress(runs[1], {"score": 40.0, "median_seconds_per_step": 0.05, "reused": True})
+        progress(runs[2], {"error": "needs opkit.torch.optimize"})
+    finally:
+        compare.time.perf_counter = perf
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "[1/3] torch-0: digits FID 50.0, 50 ms/step | 0:10 so far, about 0:20 left"
+    assert out[1] == ("[2/3] torch-1: digits FID 40.0, 50 ms/step (reused) | 0:30 so far, "
+                      "about 0:30 left")
+    assert out[2] == "[3/3] torch-2: not run: needs opkit.torch.optimize | 0:40 so far"
 
 
 def test_compare_keeps_the_hand_written_page(tmp_path):
@@ -289,11 +467,58 @@ def test_the_page_says_what_the_score_is():
     assert page.count(compare.BEGIN) == 1 and page.count(compare.END) == 1
 
 
-def test_compare_reuses_only_runs_with_the_same_settings(tmp_path):
-    path = tmp_path / "metrics.json"
-    assert compare.reusable(path, 80, True) is None
-    path.write_text(json.dumps({"steps": 80, "quick": True, "score": 1.0}))
-    assert compare.reusable(path, 80, True)["score"] == 1.0
-    assert compare.reusable(path, 100, True) is None and compare.reusable(path, 80, False) is None
-    path.write_text('{"steps": 80, "qu')  # an interrupted write
-    assert compare.reusable(path, 80, True) is None
+def test_the_timed_models_compute_what_they_stand_for():
+    """The timing section's contenders: each part of the tuning, alone and together, gives the
+    `torch` model's outputs (α 0.25's, for the models with α 0.25), in eval and in a training
+    step's losses; the parts that need opkit.torch.optimize are left out, with the reason,
+    without it."""
+    found = compare.contenders(train.settings_for(True, width=8, batch_size=4))
+    if not has_optimize():
+        assert "needs opkit.torch.optimize" in found.pop("optimized_error")
+    z = torch.randn(4, 32, generator=torch.Generator().manual_seed(1))
+    x = torch.rand(4, 1, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
+
+    def run(name):  # on copies: a training step moves the batch norms' running statistics
+        import copy
+        G, D, as_input = copy.deepcopy(found[name])
+        G.eval(), D.eval()
+        with torch.no_grad():
+            out = D(as_input(G(z)))
+        G.train(), D.train()
+        opts = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (G, D)]
+        losses = train.train_step(G, D, *opts, x, z, torch.ones(4), torch.zeros(4), as_input)
+        return out, torch.stack(losses).detach()
+
+    ref, ref25 = run("torch"), run("torch α 0.25")
+    assert not torch.allclose(ref[0], ref25[0])   # the slope matters to the outputs
+    for name in found:
+        want = ref25 if "0.25" in name else ref
+        got = run(name)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5, msg=name)
+    expected = {"torch", "torch channels_last", "torch α 0.25", "plain", "spatial"}
+    if has_optimize():
+        expected |= set(compare.PARTS) | {"optimized"}
+    assert set(found) == expected
+
+
+def test_compare_runs_end_to_end_and_goes_on_where_it_stopped(tmp_path, capsys):
+    """The command as CI can run it: two variants and the checkerboard experiment, tiny, in
+    one worker; the page is written between the markers; a second call reuses every run."""
+    doc = tmp_path / "gan.md"
+    doc.write_text(f"# GAN\n\n{compare.BEGIN}\n{compare.END}\n")
+    argv = ["--quick", "--variants", "torch,plain", "--steps", "2", "--checker-steps", "2",
+            "--jobs", "1", "--bench-rounds", "0", "--set", "width=8", "--set", "batch_size=8",
+            "--set", "eval_samples=64", "--runs", str(tmp_path / "runs"), "--doc", str(doc)]
+    assert compare.main(argv) == 0
+    out = capsys.readouterr().out
+    n = 2 * 2 + 2 * len(compare.CHECKER)
+    assert f"[{n}/{n}]" in out and "left" in out and "(reused)" not in out
+    page = doc.read_text()
+    assert page.startswith("# GAN\n\n" + compare.BEGIN) and page.rstrip().endswith(compare.END)
+    assert "### The checkerboard experiment" in page and "| 4-bit α (m/16) |" in page
+    assert "**Spatial α** (claimed" in page and "### The `torch` baseline" in page
+    cal = json.loads((tmp_path / "runs" / "checker-q4-calibrated-1" / "metrics.json").read_text())
+    assert cal["settings"]["calibrate_every"] == 1 and cal["calibration"]["generator"]
+    assert compare.main(argv) == 0
+    assert capsys.readouterr().out.count("(reused)") == n

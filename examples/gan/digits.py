@@ -163,6 +163,21 @@ def frechet_distance(mu1, sigma1, mu2, sigma2) -> float:
     return float(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * tr_sqrt)
 
 
+def nyquist_share(x: torch.Tensor) -> float:
+    """The share of the images' spectral energy (each image's mean removed) on the Nyquist
+    frequencies: the row and the column of the 2-D power spectrum where a pattern alternates from
+    one pixel to the next (a checkerboard where they cross). x [N, 1, H, W], H and W even."""
+    if x.dim() != 4 or x.shape[1] != 1 or x.shape[2] % 2 or x.shape[3] % 2:
+        raise ValueError(f"nyquist_share: x must be [N, 1, H, W] with even H and W; got "
+                         f"{list(x.shape)}")
+    x = x.detach().double()[:, 0]
+    p = torch.fft.fft2(x - x.mean(dim=(-2, -1), keepdim=True)).abs().square().mean(0)
+    h, w = p.shape
+    total = float(p.sum())
+    on_nyquist = float(p[h // 2].sum() + p[:, w // 2].sum() - p[h // 2, w // 2])
+    return on_nyquist / total if total > 0 else 0.0
+
+
 class Scorer:
     """The digits FID of generated images against all real digits."""
 
@@ -170,6 +185,7 @@ class Scorer:
         self.model, self.accuracy = classifier(cache_dir, log)
         self.real, _ = images()
         self.mu, self.sigma = feature_stats(self.model, self.real)
+        self.real_nyquist = nyquist_share(self.real)
 
     def __call__(self, fake: torch.Tensor) -> float:
         return frechet_distance(self.mu, self.sigma, *feature_stats(self.model, fake))

@@ -1,6 +1,8 @@
 """Train the DCGAN of models.py on scikit-learn's digits with one activation variant.
 
-    python examples/gan/train.py --variant spatial --steps 600 --seed 0 --out runs/spatial-0
+    python examples/gan/train.py --variant spatial --seed 0 --out runs/spatial-0
+    python examples/gan/train.py --variant spatial --alpha-bits 4 --calibrate-every 1000 \\
+        --calibrate-clip 0.1 --out runs/spatial-q4-calibrated
     python examples/gan/train.py --variant optimized --quick --out /tmp/gan
 
 Writes DIR/metrics.json (settings, per-step losses and seconds, the digits FID at a few steps
@@ -32,8 +34,19 @@ from models import VARIANTS, Discriminator, Generator  # noqa: E402
 OPTIMIZE_CONFIG = {"precision_mode": "must_keep_origin_dtype", "leakyrelu_fusion": True,
                    "alpha_quant": True, "layout": "NHWC"}
 
-FULL = dict(batch_size=64, width=32, z_dim=32, eval_samples=1797, lr=2e-4)
-QUICK = dict(batch_size=32, width=16, z_dim=32, eval_samples=500, lr=2e-4, steps=60)
+# what a run varies besides the variant: fixed-point slopes (models.py) and AlphaCalibration
+EXPERIMENT = dict(alpha_bits=None, calibrate_every=None, calibrate_clip=None)
+# the discriminator sees every image moved by up to this many pixels (translate(); 0: not moved)
+AUGMENT_SHIFT = 2
+# Converged settings (docs/gan.md): the learning rate falls linearly to 0 over the last
+# `lr_decay` of the steps; every variant trains in channels_last (`channels_last`), which
+# PyTorch's convolutions run 1.5x as fast as NCHW on these shapes (the NCHW speed comparison is
+# compare.py's timing section)
+FULL = dict(batch_size=64, width=16, z_dim=32, eval_samples=500, lr=2e-4, lr_decay=0.4,
+            ema=0.999, channels_last=True, augment_shift=AUGMENT_SHIFT, **EXPERIMENT)
+FULL_STEPS = 2500
+QUICK = dict(batch_size=32, width=16, z_dim=32, eval_samples=500, lr=2e-4, lr_decay=0.0,
+             ema=0.0, channels_last=False, steps=60, augment_shift=AUGMENT_SHIFT, **EXPERIMENT)
 
 
 class Unavailable(RuntimeError):
@@ -50,11 +63,16 @@ def optimize(model: torch.nn.Module, example: torch.Tensor, config: dict):
     return fn(model, config=config, example_input=example)
 
 
-def build(variant: str, z_dim: int, width: int, batch_size: int):
-    """(G, D, reports, channels_last): the models of `variant`, optimized for `optimized`."""
-    G, D = Generator(variant, z_dim=z_dim, width=width), Discriminator(variant, width=width)
+def build(variant: str, z_dim: int, width: int, batch_size: int, alpha_bits=None,
+          channels_last: bool = False):
+    """(G, D, reports, channels_last): the models of `variant`, optimized for `optimized`,
+    in channels_last when asked (and for `optimized` when its configuration says NHWC)."""
+    G = Generator(variant, z_dim=z_dim, width=width, alpha_bits=alpha_bits)
+    D = Discriminator(variant, width=width, alpha_bits=alpha_bits)
     if variant != "optimized":
-        return G, D, {}, False
+        if channels_last:
+            G, D = G.to(memory_format=torch.channels_last), D.to(memory_format=torch.channels_last)
+        return G, D, {}, channels_last
     config = OPTIMIZE_CONFIG
     nhwc = config.get("layout") == "NHWC"
     z = torch.randn(batch_size, z_dim, generator=torch.Generator().manual_seed(0))
@@ -67,6 +85,34 @@ def build(variant: str, z_dim: int, width: int, batch_size: int):
                   "discriminator": [str(e) for e in d_report]}, nhwc
 
 
+def calibrate(settings: dict, G, D) -> dict:
+    """{"generator"/"discriminator": AlphaCalibration} for each network with slopes, when the
+    settings ask for calibration (every `calibrate_every` steps, to `alpha_bits` bits, default
+    7, gradients clipped to `calibrate_clip`)."""
+    every, clip = settings["calibrate_every"], settings["calibrate_clip"]
+    if every is None:
+        if clip is not None:
+            raise ValueError("calibrate_clip needs calibrate_every (the steps between "
+                             "re-quantizations); got calibrate_every=None")
+        return {}
+    from opkit.torch import AlphaCalibration
+    from opkit.torch.calibrate import slopes
+    bits = settings["alpha_bits"] or 7
+    return {name: AlphaCalibration(net, every=every, bits=bits, clip=clip)
+            for name, net in (("generator", G), ("discriminator", D)) if slopes(net)}
+
+
+def settings_for(quick: bool = False, **overrides) -> dict:
+    """A run's settings: QUICK's or FULL's (without the step count) with `overrides`."""
+    settings = dict(QUICK if quick else FULL)
+    settings.pop("steps", None)
+    unknown = set(overrides) - set(settings)
+    if unknown:
+        raise TypeError(f"train: unknown settings {sorted(unknown)}; it takes {sorted(settings)}")
+    settings.update(overrides)
+    return settings
+
+
 def train(variant: str, steps: int, seed: int, out: Optional[Path] = None, quick: bool = False,
           log: Callable[[str], None] = print, eval_every: Optional[int] = None,
           cache_dir: Optional[Path] = None, threads: Optional[int] = None, **overrides) -> dict:
@@ -76,12 +122,7 @@ def train(variant: str, steps: int, seed: int, out: Optional[Path] = None, quick
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1; got {steps}")
-    settings = dict(QUICK if quick else FULL)
-    settings.pop("steps", None)
-    unknown = set(overrides) - set(settings)
-    if unknown:
-        raise TypeError(f"train: unknown settings {sorted(unknown)}; it takes {sorted(settings)}")
-    settings.update(overrides)
+    settings = settings_for(quick, **overrides)
     bs, z_dim = settings["batch_size"], settings["z_dim"]
 
     if threads is not None:
@@ -89,31 +130,47 @@ def train(variant: str, steps: int, seed: int, out: Optional[Path] = None, quick
     scorer = digits.Scorer(cache_dir, log)
     real = scorer.real
     torch.manual_seed(seed)
-    G, D, reports, nhwc = build(variant, z_dim, settings["width"], bs)
-    data_gen = torch.Generator().manual_seed(seed + 1)   # batches and noise: fixed per seed
+    G, D, reports, nhwc = build(variant, z_dim, settings["width"], bs, settings["alpha_bits"],
+                                settings["channels_last"])
+    calibrations = calibrate(settings, G, D)
+    data_gen = torch.Generator().manual_seed(seed + 1)   # batches, noise, shifts: fixed per seed
     noise_gen = torch.Generator().manual_seed(seed + 2)
+    shift_gen = torch.Generator().manual_seed(seed + 3)
+    augment = (lambda t: translate(t, settings["augment_shift"], shift_gen)
+               ) if settings["augment_shift"] else (lambda t: t)
     fixed_z = torch.randn(max(settings["eval_samples"], 64), z_dim,
                           generator=torch.Generator().manual_seed(10_000 + seed))
     opt_g = torch.optim.Adam(G.parameters(), lr=settings["lr"], betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(D.parameters(), lr=settings["lr"], betas=(0.5, 0.999))
     ones, zeros = torch.ones(bs), torch.zeros(bs)
+    average = Average(G, settings["ema"]) if settings["ema"] else None
     as_input = (lambda t: t.contiguous(memory_format=torch.channels_last)) if nhwc else (lambda t: t)
 
     eval_every = eval_every or max(steps // 4, 1)
-    losses_d, losses_g, seconds, scores = [], [], [], []
+    losses_d, losses_g, seconds, scores, nyquist = [], [], [], [], []
     for step in range(1, steps + 1):
-        xb = as_input(real[torch.randint(0, len(real), (bs,), generator=data_gen)])
+        xb = real[torch.randint(0, len(real), (bs,), generator=data_gen)]
         z = torch.randn(bs, z_dim, generator=noise_gen)
+        for opt in (opt_g, opt_d):
+            for group in opt.param_groups:
+                group["lr"] = settings["lr"] * lr_factor(step, steps, settings["lr_decay"])
         t0 = time.perf_counter()
-        loss_d, loss_g = train_step(G, D, opt_g, opt_d, xb, z, ones, zeros, as_input)
+        loss_d, loss_g = train_step(G, D, opt_g, opt_d, xb, z, ones, zeros, as_input, augment)
         seconds.append(time.perf_counter() - t0)
+        for c in calibrations.values():
+            c.step()
+        if average is not None:
+            average.update(G, step)
         losses_d.append(loss_d.item())
         losses_g.append(loss_g.item())
         if not (math.isfinite(losses_d[-1]) and math.isfinite(losses_g[-1])):
             raise FloatingPointError(f"{variant}: the losses are not finite at step {step} "
                                      f"(D {losses_d[-1]}, G {losses_g[-1]})")
         if step % eval_every == 0 or step == steps:
-            scores.append([step, scorer(sample(G, fixed_z[:settings["eval_samples"]]))])
+            shown = average.calibrated(bs, z_dim, seed) if average is not None else G
+            fake = sample(shown, fixed_z[:settings["eval_samples"]])
+            scores.append([step, scorer(fake)])
+            nyquist.append([step, digits.nyquist_share(fake)])
             log(f"{variant} seed {seed} step {step}/{steps}: D {losses_d[-1]:.3f} "
                 f"G {losses_g[-1]:.3f}, {median(seconds) * 1e3:.1f} ms/step, "
                 f"digits FID {scores[-1][1]:.2f}")
@@ -125,6 +182,8 @@ def train(variant: str, steps: int, seed: int, out: Optional[Path] = None, quick
         "losses": {"discriminator": losses_d, "generator": losses_g},
         "seconds_per_step": seconds, "median_seconds_per_step": median(seconds),
         "scores": scores, "score": scores[-1][1], "score_name": "digits FID",
+        "nyquist": nyquist, "real_nyquist": scorer.real_nyquist,
+        "calibration": {n: c.history for n, c in calibrations.items()} or None,
         "classifier_accuracy": scorer.accuracy,
         "real_floor": scorer.real_floor(settings["eval_samples"]),
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
@@ -135,24 +194,86 @@ def train(variant: str, steps: int, seed: int, out: Optional[Path] = None, quick
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-        save_grid(sample(G, fixed_z[:64]), out / "samples.png", f"{variant}, seed {seed}", log)
+        save_grid(sample(shown, fixed_z[:64]), out / "samples.png", f"{variant}, seed {seed}", log)
     return metrics
 
 
-def train_step(G, D, opt_g, opt_d, xb, z, ones, zeros, as_input=lambda t: t):
+def train_step(G, D, opt_g, opt_d, xb, z, ones, zeros, as_input=lambda t: t,
+               augment=lambda t: t):
     """One step of the non-saturating GAN loss: D on real and generated images, then G through
-    D. Returns both losses (tensors)."""
+    D, every image D sees passed through `augment` (differentiably) and then `as_input`.
+    Returns both losses (tensors)."""
     fake = G(z)
-    loss_d = (F.binary_cross_entropy_with_logits(D(xb), ones)
-              + F.binary_cross_entropy_with_logits(D(as_input(fake.detach())), zeros))
+    seen = lambda t: as_input(augment(t))  # noqa: E731
+    loss_d = (F.binary_cross_entropy_with_logits(D(seen(xb)), ones)
+              + F.binary_cross_entropy_with_logits(D(seen(fake.detach())), zeros))
     opt_d.zero_grad(set_to_none=True)
     loss_d.backward()
     opt_d.step()
-    loss_g = F.binary_cross_entropy_with_logits(D(as_input(fake)), ones)
+    loss_g = F.binary_cross_entropy_with_logits(D(seen(fake)), ones)
     opt_g.zero_grad(set_to_none=True)
     loss_g.backward()
     opt_g.step()
     return loss_d, loss_g
+
+
+class Average:
+    """The generator's weights averaged over training (an exponential moving average with
+    `beta`, warming up as (1 + t) / (10 + t) so the start's weights fade fast), the samples
+    and scores coming from it: one step's weights are one point of an orbit, the average sits
+    near its middle. Batch norm's running statistics belong to the weights that made them, so
+    `calibrated` measures them again for the averaged weights, as
+    torch.optim.swa_utils.update_bn does."""
+
+    def __init__(self, G: torch.nn.Module, beta: float):
+        import copy
+        if not 0 < beta < 1:
+            raise ValueError(f"ema must be in (0, 1) (or 0: no average); got {beta}")
+        self.model, self.beta = copy.deepcopy(G), beta
+
+    @torch.no_grad()
+    def update(self, G: torch.nn.Module, step: int) -> None:
+        beta = min(self.beta, (1 + step) / (10 + step))
+        for mine, theirs in zip(self.model.parameters(), G.parameters()):
+            mine.lerp_(theirs, 1 - beta)
+
+    @torch.no_grad()
+    def calibrated(self, batch: int, z_dim: int, seed: int, batches: int = 8) -> torch.nn.Module:
+        """The averaged generator with its batch norms' statistics measured on `batches`
+        batches of fresh z (the same z for each evaluation)."""
+        norms = [m for m in self.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        momenta = [m.momentum for m in norms]
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None          # a cumulative average over the batches
+        gen = torch.Generator().manual_seed(20_000 + seed)
+        self.model.train()
+        for _ in range(batches):
+            self.model(torch.randn(batch, z_dim, generator=gen))
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        return self.model
+
+
+def lr_factor(step: int, steps: int, decay: float) -> float:
+    """The learning rate's share at step 1..steps: 1, then falling linearly over the last
+    `decay` of the run to 1 / (its length) at the last step."""
+    length = int(round(decay * steps))
+    return min(1.0, (steps - step + 1) / length) if length else 1.0
+
+
+def translate(x: torch.Tensor, shift: int, gen: torch.Generator) -> torch.Tensor:
+    """Each image moved by a random whole number of pixels in [-shift, shift] along each axis,
+    the background (-1) filling in: the translation of DiffAugment (Zhao et al., 2020), applied to
+    real and generated images alike so the discriminator cannot memorize the 1797 digits, and
+    differentiable, so the generator learns the digits unmoved."""
+    n, c, h, w = x.shape
+    dy, dx = torch.randint(-shift, shift + 1, (2, n, 1), generator=gen)
+    padded = F.pad(x, (shift, shift, shift, shift), value=-1.0)
+    rows = (torch.arange(h) + shift + dy)[:, None, :, None]     # [N, 1, H, 1]
+    cols = (torch.arange(w) + shift + dx)[:, None, None, :]     # [N, 1, 1, W]
+    return padded[torch.arange(n)[:, None, None, None], torch.arange(c)[None, :, None, None],
+                  rows, cols]
 
 
 def set_threads(n: int) -> None:
@@ -212,17 +333,26 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", required=True, choices=VARIANTS)
     p.add_argument("--steps", type=int, default=None,
-                   help=f"training steps (default 600; {QUICK['steps']} with --quick)")
+                   help=f"training steps (default {FULL_STEPS}; {QUICK['steps']} with --quick)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="folder for metrics.json and samples.png")
     p.add_argument("--quick", action="store_true",
                    help="a small model, batch and evaluation, for a run of a minute or so")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for PyTorch and opkit (default: their own defaults)")
+    p.add_argument("--alpha-bits", type=int, default=None, metavar="B",
+                   help="store every slope as m / 2**B (a learnable map is rounded in each "
+                        "forward and learns in float)")
+    p.add_argument("--calibrate-every", type=int, default=None, metavar="N",
+                   help="opkit.torch.AlphaCalibration: snap the slopes to the grid every N steps")
+    p.add_argument("--calibrate-clip", type=float, default=None, metavar="C",
+                   help="with --calibrate-every: clip the activations' gradients to [-C, C]")
     a = p.parse_args(argv)
-    steps = a.steps if a.steps is not None else (QUICK["steps"] if a.quick else 600)
+    steps = a.steps if a.steps is not None else (QUICK["steps"] if a.quick else FULL_STEPS)
     try:
-        m = train(a.variant, steps, a.seed, a.out, quick=a.quick, threads=a.threads)
+        m = train(a.variant, steps, a.seed, a.out, quick=a.quick, threads=a.threads,
+                  alpha_bits=a.alpha_bits, calibrate_every=a.calibrate_every,
+                  calibrate_clip=a.calibrate_clip)
     except Unavailable as exc:
         print(f"train.py: {exc}", file=sys.stderr)
         return 2
