@@ -433,7 +433,7 @@ def test_compare_plans_every_run_and_reuses_only_finished_ones(tmp_path):
 
 def test_compare_progress_says_how_far_and_how_long(capsys):
     runs = [compare.Run(f"torch-{s}", "variants", "torch", s, 100, {}) for s in range(3)]
-    progress = compare.Progress(runs, jobs=2)
+    progress = compare.Progress(runs)
     clock = iter([10.0, 30.0, 40.0])
     progress.t0 = 0.0
     perf = compare.time.perf_counter

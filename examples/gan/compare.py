@@ -1,12 +1,17 @@
-"""Train every variant with several seeds, time torch / torch channels_last / optimized side by
-side, and write the results into docs/gan.md.
+"""Train every variant with five seeds until it converges, run the checkerboard experiment,
+time the reference article's DCGAN tuning in its parts side by side, and write the results
+into docs/gan.md.
 
-    python examples/gan/compare.py                       # 7 variants x 3 seeds, 300 steps
-    python examples/gan/compare.py --steps 100 --variants torch,spatial --seeds 2
+    python examples/gan/compare.py                # everything: about 1.5 h on 2 cores
+    python examples/gan/compare.py --quick        # a check that everything runs (CI)
+    python examples/gan/compare.py --variants torch,spatial --seeds 3 --checker-seeds 0
 
-Training runs go to `--jobs` worker processes (`--threads` threads each), one run after another;
-the timing section runs in this process on `--bench-threads` threads. The page's generated part
-lies between the two `compare.py` markers in the doc; the text around them is kept.
+Training runs go to `--jobs` worker processes (`--threads` threads each), the longest first;
+each finished run stays in `--runs` and is reused by the next call with the same settings, so
+an interrupted comparison goes on where it stopped. A line per finished run says how far the
+comparison is and about how long it has left. The timing section runs in this process on
+`--bench-threads` threads. The page's generated part lies between the two `compare.py` markers
+in the doc; the text around them is kept.
 """
 from __future__ import annotations
 
@@ -49,8 +54,9 @@ CHECKER_LABELS = {"float": "float α", "q7": "7-bit α (m/128)", "q4": "4-bit α
                   "q4-calibrated": "4-bit α, AlphaCalibration(every=1000, clip=0.1)"}
 CHECKER_VARIANT = "spatial"
 
-# relative cost of a training step (torch = 1), to order the runs and estimate the time left
-COST = {"freq": 3.5, "fused": 2.0, "spatial": 1.2, "conditional": 1.1}
+# relative cost of a training step (torch = 1; measured at the full settings on an AMD EPYC),
+# to order the runs and estimate the time left
+COST = {"freq": 5.0, "fused": 2.0, "spatial": 1.25, "conditional": 1.1, "optimized": 0.85}
 
 
 class Run(NamedTuple):
@@ -133,9 +139,9 @@ class Progress:
     """One line per finished run: what it scored, how far the comparison is, the time left
     (the remaining runs' cost at the rate of the runs trained so far)."""
 
-    def __init__(self, todo: List[Run], jobs: int, out=None):
+    def __init__(self, todo: List[Run], out=None):
         self.total, self.left = len(todo), sum(r.cost for r in todo)
-        self.jobs, self.out, self.t0 = jobs, out, time.perf_counter()
+        self.out, self.t0 = out, time.perf_counter()
         self.done, self.trained_cost = 0, 0.0
 
     def __call__(self, run: Run, m: dict) -> None:
@@ -165,7 +171,7 @@ def run_all(args, runs: Path) -> List[dict]:
     """Every planned run's metrics: finished ones reused (unless --fresh), the others trained
     by --jobs worker processes."""
     todo = planned(args)
-    progress = Progress(todo, args.jobs)
+    progress = Progress(todo)
     done, train = [], []
     for r in todo:
         found = None if args.fresh else reusable(runs / r.name / "metrics.json", r, args.quick)
@@ -805,9 +811,12 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     todo = planned(args)
+    configs = len(CHECKER) - (1 if shares_float(args) else 0)
     print(f"{len(todo)} training runs ({len(args.variants)} variants x {args.seeds} seeds, "
-          f"{args.steps} steps; {len(CHECKER)} checkerboard configurations x "
-          f"{args.checker_seeds} seeds, {args.checker_steps} steps) in {args.runs}", flush=True)
+          f"{args.steps} steps; {configs} checkerboard configurations x {args.checker_seeds} "
+          f"seeds, {args.checker_steps} steps"
+          f"{', the float one the spatial variant' if configs < len(CHECKER) else ''}) in "
+          f"{args.runs}", flush=True)
     metrics = with_float_runs(args, run_all(args, args.runs))
     if not any("error" not in m for m in metrics):
         print("compare.py: every run failed; not writing the page", file=sys.stderr)

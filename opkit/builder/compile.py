@@ -26,7 +26,7 @@ from ..codegen import template_digest
 from ..errors import BuildError
 from . import cache
 from ..target import cpu_flags
-from .runtime import runtime_object
+from .runtime import objects_for
 from .toolchain import Toolchain
 from .tools import run_tool
 from .vecreport import parse_report, pyx_lines
@@ -213,7 +213,7 @@ def _compile(name: str, keys: Tuple[str, str, str], entry: Path, source: str, tc
         if r.returncode != 0:
             raise BuildError(_explain("Cython", r, source, None))
         cc_cmd = tc.compile_command(c_file.name, so.name, report.name,
-                                    objects=[runtime_object(tc, timeout)])
+                                    objects=objects_for(source, tc, timeout))
         r = run_tool(cc_cmd, work, timeout)
         log += ["$ " + " ".join(cc_cmd), r.stdout, r.stderr]
         if r.returncode != 0:

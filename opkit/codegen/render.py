@@ -21,7 +21,7 @@ from ..dsl.graph import OpGraphs
 from ..dsl.variants import Variant
 from .c_ops import C as C_OPS, LIBM, MATH_FUNCTIONS, declaration, form as c_form, scalar_calls
 from ..backend import gemm
-from .gemm import gemm_declarations, gemm_definitions
+from .gemm import GEMM_TABLES, gemm_declarations, gemm_definitions
 from ..lower import (LOAD, Attr, Const, Fused, Instr, Kernel, Kind, LibCall, Lowered, Reg,
                      Schedule, compute_dtype, cost, listing, quantized)
 from ..lower.plan import Step
@@ -594,11 +594,25 @@ def header_defines() -> List[str]:
 
 
 def runtime_source(vector_bytes: int) -> str:
-    """The C source of the kernel runtime (templates/opkit_kernel.h with OPK_RUNTIME) and the
-    fused calls' GEMM micro-kernels for the target's vectors (codegen/gemm.py)."""
+    """The C source of the kernel runtime (templates/opkit_kernel.h with OPK_RUNTIME);
+    vector_bytes is the target's (the same signature as gemm_source)."""
     return "\n".join([f"/* opkit {__version__}: the kernel runtime every module links */",
-                      *header_defines(), "#define OPK_RUNTIME 1", '#include "opkit_kernel.h"',
-                      gemm_declarations(vector_bytes), gemm_definitions(vector_bytes), ""])
+                      *header_defines(), "#define OPK_RUNTIME 1", '#include "opkit_kernel.h"', ""])
+
+
+def gemm_source(vector_bytes: int) -> str:
+    """The C source of the GEMM micro-kernels for the target's vectors (codegen/gemm.py): an
+    object of its own, linked only by the modules whose fused calls or convolution gradients
+    run on them (uses_gemm), so that the many modules without them do not pay for compiling
+    it."""
+    return "\n".join([f"/* opkit {__version__}: the GEMM micro-kernels the fused calls link */",
+                      "#include <Python.h>", gemm_declarations(vector_bytes),
+                      gemm_definitions(vector_bytes), ""])
+
+
+def uses_gemm(source: str) -> bool:
+    """Whether a module's source calls the GEMM micro-kernels (it carries their declarations)."""
+    return GEMM_TABLES in source
 
 
 # ------------------------------------------------------------------------------ fused calls
