@@ -464,6 +464,19 @@ def pyplot():
     return plt
 
 
+def save(plt, fig, axes, path: Path, legends=()) -> bool:
+    """Label the step axes, add the legends, write the figure to `path` and close it."""
+    for ax in axes:
+        ax.set_xlabel("training step", fontsize=8)
+        ax.tick_params(labelsize=8)
+    for ax in legends:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
 def mean_curve(runs: List[dict], key: str):
     """(steps, mean over the runs) of a [step, value] curve the runs share."""
     import numpy as np
@@ -488,14 +501,8 @@ def plot_baseline(runs: List[dict], floor: float, path: Path) -> bool:
     ax.axvspan(LATE * runs[0]["steps"], runs[0]["steps"], color="0.93", zorder=0,
                label="last quarter (the score)")
     ax.set_yscale("log")
-    ax.set_xlabel("training step", fontsize=8)
     ax.set_title("`torch` variant: digits FID over training (gray: each seed)", fontsize=9)
-    ax.tick_params(labelsize=8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return save(plt, fig, [ax], path, legends=[ax])
 
 
 def plot_curves(metrics: List[dict], path: Path, window: int = 50) -> bool:
@@ -520,14 +527,7 @@ def plot_curves(metrics: List[dict], path: Path, window: int = 50) -> bool:
     axes[1].set_title(f"generator loss (mean of seeds, {window}-step average)", fontsize=9)
     axes[2].set_title("digits FID (mean of seeds; lower is better)", fontsize=9)
     axes[2].set_yscale("log")
-    for ax in axes:
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=8)
-    axes[2].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return save(plt, fig, axes, path, legends=[axes[2]])
 
 
 def plot_checker(metrics: List[dict], real_nyquist: float, path: Path) -> bool:
@@ -551,14 +551,7 @@ def plot_checker(metrics: List[dict], real_nyquist: float, path: Path) -> bool:
                       fontsize=9)
     axes[1].set_title("digits FID (mean of seeds)", fontsize=9)
     axes[1].set_yscale("log")
-    for ax in axes:
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=8)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return save(plt, fig, axes, path, legends=axes)
 
 
 # ----------------------------------------------------------------------------- the page
@@ -672,15 +665,23 @@ def page(args, metrics: List[dict], b: Optional[dict], doc: Path, seconds: float
     s, c = summarize(metrics), summarize(metrics, "checker")
     first = next(m for m in metrics if "error" not in m)
     st, floor = first["settings"], first["real_floor"]
+    runs = {m["name"]: m for m in metrics if "error" not in m}.values()
+    stepping = sum(sum(m["seconds_per_step"]) for m in runs)
+    reused = sum(1 for m in runs if m.get("reused"))
     lines = [BEGIN, "",
              f"Settings: {args.steps} training steps, {args.seeds} seeds (0–{args.seeds - 1}) per "
              f"variant, batch {st['batch_size']}, width {st['width']} (channels "
              f"{st['width']}/{2 * st['width']}/{4 * st['width']}), z of {st['z_dim']}, Adam "
-             f"{st['lr']:g} (β 0.5, 0.999), the discriminator's images moved by up to "
-             f"{st['augment_shift']} pixels; digits FID of {st['eval_samples']} samples against "
+             f"{st['lr']:g} (β 0.5, 0.999) falling to 0 over the last {st['lr_decay']:.0%} of "
+             f"the steps, the discriminator's images moved by up to {st['augment_shift']} pixels, "
+             f"{'channels_last' if st['channels_last'] else 'NCHW'}, samples from "
+             + (f"the generator's average (β {st['ema']:g})" if st["ema"] else "the generator")
+             + f"; digits FID of {st['eval_samples']} samples against "
              f"the 1797 real digits, {EVALS} times per run, a run's score the mean of its "
              f"evaluations in the last quarter. Each run on {args.threads} thread(s) for PyTorch "
-             f"and opkit, {args.jobs} runs at a time; {clock(seconds)} in all. Machine: "
+             f"and opkit, {args.jobs} runs at a time. The {len(runs)} runs' training steps took "
+             f"{clock(stepping)} (their evaluations not counted); this call took {clock(seconds)}"
+             f"{f', reusing {reused} finished runs' if reused else ''}. Machine: "
              f"{cpu_name()}, {os.cpu_count()} cores, Python {first['machine']['python']}, "
              f"PyTorch {first['machine']['torch']}. Command: "
              f"`python examples/gan/compare.py {' '.join(args.argv)}`.", "",
