@@ -612,8 +612,10 @@ def variant_lines(args, s: Dict[str, dict], floor: float) -> List[str]:
             lines.append(f"| `{v}` | not run: {e['errors'][0]['error']} | | | | 0 |")
             continue
         iv = against(s, v, "plain") if v != "plain" else None
+        same = v != "plain" and e["scores"] == s.get("plain", {}).get("scores")
+        vs = "the same scores, run by run" if same else ci_text(iv) if iv else "—"
         lines.append(f"| `{v}` | {pm(e['score'], e['score_std'], '.1f')} | "
-                     f"{e['score'] / floor:.2f}× | {ci_text(iv) if iv else '—'} | "
+                     f"{e['score'] / floor:.2f}× | {vs} | "
                      f"{pm(e['seconds'] * 1e3, e['seconds_std'] * 1e3, '.0f')} | "
                      f"{len(e['runs'])} |")
     left_out = [f"`{v}`" for v in VARIANTS if v not in args.variants]

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 import torch
 from torch.nn import functional as F
+from torch.optim.swa_utils import update_bn
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -222,8 +223,8 @@ class Average:
     `beta`, warming up as (1 + t) / (10 + t) so the start's weights fade fast), the samples
     and scores coming from it: one step's weights are one point of an orbit, the average sits
     near its middle. Batch norm's running statistics belong to the weights that made them, so
-    `calibrated` measures them again for the averaged weights, as
-    torch.optim.swa_utils.update_bn does."""
+    `calibrated` measures them again for the averaged weights (torch.optim.swa_utils.update_bn,
+    as for SWA)."""
 
     def __init__(self, G: torch.nn.Module, beta: float):
         import copy
@@ -241,17 +242,8 @@ class Average:
     def calibrated(self, batch: int, z_dim: int, seed: int, batches: int = 8) -> torch.nn.Module:
         """The averaged generator with its batch norms' statistics measured on `batches`
         batches of fresh z (the same z for each evaluation)."""
-        norms = [m for m in self.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-        momenta = [m.momentum for m in norms]
-        for m in norms:
-            m.reset_running_stats()
-            m.momentum = None          # a cumulative average over the batches
         gen = torch.Generator().manual_seed(20_000 + seed)
-        self.model.train()
-        for _ in range(batches):
-            self.model(torch.randn(batch, z_dim, generator=gen))
-        for m, momentum in zip(norms, momenta):
-            m.momentum = momentum
+        update_bn([torch.randn(batch, z_dim, generator=gen) for _ in range(batches)], self.model)
         return self.model
 
 
