@@ -282,6 +282,33 @@ def test_learning_rate_decay_and_the_averaged_generator():
         train.Average(G, 1.0)
 
 
+def test_each_network_learns_at_its_own_rate(monkeypatch):
+    def one_step(**rates):
+        torch.manual_seed(0)
+        G, D, _, _ = train.build("torch", 8, 4, 8)
+        opt_g, opt_d = train.optimizers(G, D, train.settings_for(**rates))
+        before = [[p.detach().clone() for p in net.parameters()] for net in (G, D)]
+        gen = torch.Generator().manual_seed(1)
+        train.train_step(G, D, opt_g, opt_d, torch.rand(8, 1, 32, 32, generator=gen) * 2 - 1,
+                         torch.randn(8, 8, generator=gen), torch.ones(8), torch.zeros(8))
+        return [any(not torch.equal(a, p) for a, p in zip(old, net.parameters()))
+                for old, net in zip(before, (G, D))]
+
+    assert one_step(lr=0.0, lr_d=1e-3) == [False, True]   # a rate of 0 is 0, not "the same"
+    assert one_step(lr=1e-3, lr_d=0.0) == [True, False]
+    assert train.d_rate(train.settings_for(lr=3e-4, lr_d=None)) == 3e-4
+    assert train.d_rate(train.settings_for()) == train.FULL["lr_d"] < train.FULL["lr"]
+
+    # the decay scales each network's own rate: at the last of 4 steps, half of it (decay 0.5)
+    made = []
+    real = train.optimizers
+    monkeypatch.setattr(train, "optimizers", lambda *a: made.extend(real(*a)) or made)
+    train.train("torch", 4, 0, lr=4e-3, lr_d=1e-3, lr_decay=0.5, beta1=0.0, beta2=0.99,
+                **TINY, **SILENT)
+    assert [(o.param_groups[0]["lr"], o.param_groups[0]["betas"]) for o in made] == [
+        (2e-3, (0.0, 0.99)), (5e-4, (0.0, 0.99))]
+
+
 def test_same_seed_same_run_other_seed_other_run():
     a = train.train("plain", 3, 7, **TINY, **SILENT)
     b = train.train("plain", 3, 7, **TINY, **SILENT)

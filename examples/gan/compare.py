@@ -281,9 +281,7 @@ def bench(settings: dict, rounds: int, threads: int, variants=()) -> dict:
     z = torch.randn(batch, settings["z_dim"], generator=gen)
     xb = torch.rand(batch, 1, 32, 32, generator=gen) * 2 - 1
     ones, zeros = torch.ones(batch), torch.zeros(batch)
-    opts = {n: (torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999)),
-                torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999)))
-            for n, (G, D, _) in found.items()}
+    opts = {n: train.optimizers(G, D, settings) for n, (G, D, _) in found.items()}
 
     def eval_forward(name, calls=5):
         G, D, as_input = found[name]
@@ -673,6 +671,7 @@ def checker_lines(args, c: Dict[str, dict], real_nyquist: float, doc: Path) -> L
 
 
 def page(args, metrics: List[dict], b: Optional[dict], doc: Path, seconds: float) -> str:
+    import train
     s, c = summarize(metrics), summarize(metrics, "checker")
     first = next(m for m in metrics if "error" not in m)
     st, floor = first["settings"], first["real_floor"]
@@ -683,8 +682,10 @@ def page(args, metrics: List[dict], b: Optional[dict], doc: Path, seconds: float
              f"Settings: {args.steps} training steps, {args.seeds} seeds (0–{args.seeds - 1}) per "
              f"variant, batch {st['batch_size']}, width {st['width']} (channels "
              f"{st['width']}/{2 * st['width']}/{4 * st['width']}), z of {st['z_dim']}, Adam "
-             f"{st['lr']:g} (β 0.5, 0.999) falling to 0 over the last {st['lr_decay']:.0%} of "
-             f"the steps, the discriminator's images moved by up to {st['augment_shift']} pixels, "
+             f"(β {st['beta1']:g}, {st['beta2']:g}) at {st['lr']:g} for the generator and "
+             f"{train.d_rate(st):g} for the discriminator, falling to 0 over the last "
+             f"{st['lr_decay']:.0%} of the steps, the discriminator's images moved by up to "
+             f"{st['augment_shift']} pixels, "
              f"{'channels_last' if st['channels_last'] else 'NCHW'}, samples from "
              + (f"the generator's average (β {st['ema']:g})" if st["ema"] else "the generator")
              + f"; digits FID of {st['eval_samples']} samples against "
