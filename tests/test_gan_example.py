@@ -354,6 +354,9 @@ def test_command_line(tmp_path, capsys):
 def test_bad_settings_are_named():
     with pytest.raises(TypeError, match=r"unknown settings \['widht'\]"):
         train.train("plain", 1, 0, widht=8, **SILENT)
+    with pytest.raises(TypeError, match=r"every setting is a number, a bool or None; got "
+                                        r"lr='fast', width='8'"):
+        train.settings_for(width="8", lr="fast", ema=0.5)
     with pytest.raises(ValueError, match="steps must be at least 1; got 0"):
         train.train("plain", 0, 0, **SILENT)
 
@@ -382,6 +385,14 @@ def run(variant, seed, late_scores, seconds, group="variants", config="", nyquis
     if nyquist is not None:
         m["nyquist"] = [[st, nyquist] for st, _ in scores]
     return m
+
+
+def test_compare_names_a_bad_setting_before_it_trains(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        compare.main(["--set", "lr=fast", "--runs", str(tmp_path)])
+    assert "--set: train: every setting is a number, a bool or None; got lr='fast'" in \
+        capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_compare_summary_scores_the_last_quarter():

@@ -113,6 +113,11 @@ def settings_for(quick: bool = False, **overrides) -> dict:
     unknown = set(overrides) - set(settings)
     if unknown:
         raise TypeError(f"train: unknown settings {sorted(unknown)}; it takes {sorted(settings)}")
+    words = {k: v for k, v in overrides.items()
+             if v is not None and not isinstance(v, (bool, int, float))}
+    if words:
+        raise TypeError(f"train: every setting is a number, a bool or None; got "
+                        f"{', '.join(f'{k}={v!r}' for k, v in sorted(words.items()))}")
     settings.update(overrides)
     return settings
 
