@@ -302,7 +302,12 @@ def test_each_network_learns_at_its_own_rate(monkeypatch):
     # the decay scales each network's own rate: at the last of 4 steps, half of it (decay 0.5)
     made = []
     real = train.optimizers
-    monkeypatch.setattr(train, "optimizers", lambda *a: made.extend(real(*a)) or made)
+
+    def recorded(*args):
+        made.extend(real(*args))
+        return tuple(made)
+
+    monkeypatch.setattr(train, "optimizers", recorded)
     train.train("torch", 4, 0, lr=4e-3, lr_d=1e-3, lr_decay=0.5, beta1=0.0, beta2=0.99,
                 **TINY, **SILENT)
     assert [(o.param_groups[0]["lr"], o.param_groups[0]["betas"]) for o in made] == [

@@ -6,7 +6,8 @@
     python examples/gan/train.py --variant optimized --quick --out /tmp/gan
 
 Writes DIR/metrics.json (settings, per-step losses and seconds, the digits FID at a few steps
-and at the end) and DIR/samples.png (64 samples of the final generator, its averaged weights when the settings average them; needs matplotlib).
+and at the end) and DIR/samples.png (64 samples of the final generator, its averaged weights
+when the settings average them; needs matplotlib).
 """
 from __future__ import annotations
 
