@@ -61,6 +61,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.system)
 
 
+UNGROUPED = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup` each worker tags a grouped test's id with its group (`id@group`),
+    and the scheduler keeps a group on one worker, so a module's fixture is built once. A pytest
+    that drops the tag (9.2 with pytest-xdist 3.8) silently spreads a group over the workers,
+    which build its wheels once each: the grouped tests fail instead, saying why."""
+    if getattr(session.config.option, "loadgroup", False) and any(
+            item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+            for item in session.items):
+        session.config.stash[UNGROUPED] = (
+            f"pytest-xdist's --dist loadgroup did not tag the tests marked xdist_group with their "
+            f"group under pytest {pytest.__version__} (pytest-xdist issue 1386), so it would "
+            f"spread them over the workers; install the test extra's pytest: "
+            f"pip install \".[test]\"")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("xdist_group") and UNGROUPED in item.config.stash:
+        pytest.fail(item.config.stash[UNGROUPED], pytrace=False)
+
+
 # ------------------------------------------------------------------ Hypothesis profiles
 
 try:
