@@ -35,7 +35,7 @@ EXAMPLES = REPO / "examples" / "user_ops"
 # test is marked `build`, and `pytest -m "not build"` runs the front end alone in seconds. A test
 # here that compiles anyway fails (see `_front_end_builds_nothing`), unless marked `build` itself.
 FRONT_END = {"test_spec", "test_dsl", "test_lower_codegen", "test_architecture", "test_dsl_breadth",
-             "test_onnx_lowering", "test_deploy_units", "test_exec_schedule"}
+             "test_onnx_lowering", "test_deploy_units", "test_exec_schedule", "test_conftest"}
 
 
 # Modules whose tests run other processes (the command line, pip, compilers killed on purpose,
